@@ -1,0 +1,35 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+# Everything else here is a step they depend on; each step is skipped when up to date.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMPS := .stamps
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: demo test setup artifacts clean
+
+demo: artifacts
+	$(BIN)/ragstack demo
+
+test: artifacts
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+setup: $(STAMPS)/venv
+
+# The venv: pinned dependencies, the project in editable mode, and the system library the
+# Python backend stub links against (Debian's libpython for the venv's Python).
+$(STAMPS)/venv: requirements.lock pyproject.toml scripts/setup_system.sh
+	bash scripts/setup_system.sh $(PYTHON)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	@mkdir -p $(STAMPS) && touch $@
+
+# Built artifacts (ONNX models, tiny checkpoints, indexes); `ragstack build` skips what is up to date.
+artifacts: $(STAMPS)/venv
+	$(BIN)/ragstack build
+
+clean:
+	rm -rf $(VENV) $(STAMPS)

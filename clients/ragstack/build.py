@@ -1,0 +1,55 @@
+"""`ragstack build`: produce every built artifact (ONNX models, tiny checkpoints, indexes).
+
+Each step names its inputs and outputs; a step whose outputs are all newer than its inputs is
+skipped, so re-running is fast. Steps run in order as separate processes, like `make`.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    command: list[str]          # run from the repository root; "{python}" is the running interpreter
+    inputs: list[str]           # files or folders (relative to ROOT) whose change forces a rebuild
+    outputs: list[str]          # files the step writes (relative to ROOT)
+
+
+# Each build step of the project, in dependency order.
+STEPS: list[Step] = []
+
+
+def _mtime(path: Path) -> float:
+    if path.is_dir():
+        return max((p.stat().st_mtime for p in path.rglob("*") if p.is_file()), default=0.0)
+    return path.stat().st_mtime
+
+
+def is_up_to_date(step: Step) -> bool:
+    outputs = [ROOT / o for o in step.outputs]
+    if not all(o.exists() for o in outputs):
+        return False
+    newest_input = max((_mtime(ROOT / i) for i in step.inputs if (ROOT / i).exists()), default=0.0)
+    return min(_mtime(o) for o in outputs) >= newest_input
+
+
+def run(force: bool = False, only: list[str] | None = None) -> int:
+    for step in STEPS:
+        if only and step.name not in only:
+            continue
+        if not force and is_up_to_date(step):
+            print(f"[build] {step.name}: up to date")
+            continue
+        print(f"[build] {step.name}: {' '.join(step.command)}", flush=True)
+        cmd = [sys.executable if c == "{python}" else c for c in step.command]
+        rc = subprocess.call(cmd, cwd=ROOT)
+        if rc != 0:
+            print(f"[build] {step.name} failed with exit code {rc}", file=sys.stderr)
+            return rc
+    return 0

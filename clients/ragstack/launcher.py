@@ -1,0 +1,282 @@
+"""Start the real NVIDIA Triton Inference Server on this project's repositories.
+
+The server is `tritonserver` from `$TRITONSERVER_DIR` (a Triton install: bin/, backends/python/,
+python_backend_stubs/X.Y/) or, by default, the Triton 2.51 build that PyPI's nvidia-pytriton ships.
+The launcher assembles a backend directory (the Python backend with the stub for the running
+Python, plus every `backends/<name>/` of the project), starts the server with the bundled
+libraries on its LD_LIBRARY_PATH only, waits until it is ready, and stops it cleanly.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
+PROJECT_BACKENDS = ROOT / "backends"
+PY_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+class LauncherError(RuntimeError):
+    """A launch that cannot go ahead; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ServerInstall:
+    server_bin: Path
+    python_backend: Path        # folder with libtriton_python.so and triton_python_backend_utils.py
+    stubs: Path                 # folder with one subfolder per Python version
+    lib_dir: Path | None        # shared libraries the server binary needs, if not on the system path
+
+
+def find_server_install() -> ServerInstall:
+    """$TRITONSERVER_DIR if set, else the server inside the installed nvidia-pytriton package."""
+    env_dir = os.environ.get("TRITONSERVER_DIR")
+    if env_dir:
+        base = Path(env_dir)
+        libs = os.environ.get("TRITONSERVER_LIBS")
+        install = ServerInstall(base / "bin" / "tritonserver", base / "backends" / "python",
+                                base / "python_backend_stubs", Path(libs) if libs else None)
+        source = f"TRITONSERVER_DIR={env_dir}"
+    else:
+        try:
+            import pytriton  # noqa: PLC0415 - optional: only the embedded server needs it
+        except ImportError as exc:
+            raise LauncherError(
+                "no tritonserver found: set TRITONSERVER_DIR to a Triton install "
+                "(bin/tritonserver, backends/python, python_backend_stubs/) or "
+                "`pip install nvidia-pytriton==0.7.0`, which bundles Triton 2.51") from exc
+        pkg = Path(pytriton.__file__).resolve().parent
+        base = pkg / "tritonserver"
+        install = ServerInstall(base / "bin" / "tritonserver", base / "backends" / "python",
+                                base / "python_backend_stubs",
+                                pkg.parent / "nvidia_pytriton.libs")
+        source = f"nvidia-pytriton at {pkg}"
+    if not install.server_bin.is_file():
+        raise LauncherError(f"no tritonserver binary at {install.server_bin} ({source})")
+    if not (install.python_backend / "libtriton_python.so").is_file():
+        raise LauncherError(f"no Python backend (libtriton_python.so) in {install.python_backend} ({source})")
+    return install
+
+
+def python_stub(install: ServerInstall) -> Path:
+    stub = install.stubs / PY_VERSION / "triton_python_backend_stub"
+    if not stub.is_file():
+        have = sorted(p.name for p in install.stubs.iterdir()) if install.stubs.is_dir() else []
+        raise LauncherError(
+            f"no Python backend stub for Python {PY_VERSION} in {install.stubs} "
+            f"(stubs present: {', '.join(have) or 'none'}); run with one of those Python versions "
+            "or build the stub for this one (python_backend, -DPYBIND11_PYTHON_VERSION)")
+    return stub
+
+
+def check_libpython() -> None:
+    """The stub links against the shared libpython of the Python that runs it."""
+    name = f"libpython{PY_VERSION}.so.1.0"
+    try:
+        ctypes.CDLL(name)
+    except OSError as exc:
+        raise LauncherError(
+            f"{name} cannot be loaded ({exc}); the Python backend stub needs it: "
+            f"`apt-get install libpython{PY_VERSION}` (Debian/Ubuntu)") from exc
+
+
+def assemble_backend_dir(install: ServerInstall, dest: Path, project_backends: Path = PROJECT_BACKENDS) -> Path:
+    """dest/python = the Python backend + this Python's stub; dest/<name> = each project backend."""
+    stub = python_stub(install)
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for src in (install.python_backend / "libtriton_python.so",
+                install.python_backend / "triton_python_backend_utils.py", stub):
+        shutil.copy2(src, python_dir / src.name)
+    if project_backends.is_dir():
+        for backend in sorted(p for p in project_backends.iterdir() if (p / "model.py").is_file()):
+            # A link keeps the project's backend code live: edit, then reload the model.
+            (dest / backend.name).symlink_to(backend.resolve(), target_is_directory=True)
+    return dest
+
+
+def port_is_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerOptions:
+    model_repositories: list[Path] = field(default_factory=lambda: list(DEFAULT_REPOSITORIES))
+    models: list[str] = field(default_factory=lambda: ["*"])   # loaded at start; "*" = every model
+    address: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    log_verbose: int = 0
+    exit_timeout_s: int = 30
+    startup_timeout_s: float = 300.0
+    extra_args: list[str] = field(default_factory=list)
+
+
+def _set_parent_death_signal() -> None:
+    """Runs in the child before exec: the server dies with the launcher, even on SIGKILL."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class TritonServer:
+    """One tritonserver process. Use as a context manager, or start() / stop()."""
+
+    def __init__(self, options: ServerOptions | None = None, work_dir: Path | None = None):
+        self.options = options or ServerOptions()
+        self._own_work_dir = work_dir is None
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="ragstack-triton-"))
+        self.log_path = self.work_dir / "tritonserver.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.address}:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.address}:{self.options.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.options.address}:{self.options.metrics_port}/metrics"
+
+    def command(self, install: ServerInstall, backend_dir: Path) -> list[str]:
+        opts = self.options
+        cmd = [str(install.server_bin)]
+        cmd += [f"--model-repository={repo}" for repo in opts.model_repositories]
+        cmd += ["--model-control-mode=explicit"]
+        cmd += [f"--load-model={m}" for m in opts.models]
+        cmd += [
+            f"--backend-directory={backend_dir}",
+            f"--http-address={opts.address}", f"--http-port={opts.http_port}",
+            f"--grpc-address={opts.address}", f"--grpc-port={opts.grpc_port}",
+            f"--metrics-address={opts.address}", f"--metrics-port={opts.metrics_port}",
+            f"--log-verbose={opts.log_verbose}",
+            f"--exit-timeout-secs={opts.exit_timeout_s}",
+            "--exit-on-error=true", "--strict-readiness=true",
+            # A unique shm prefix: several servers on one machine must not share Python-backend regions.
+            f"--backend-config=python,shm-region-prefix-name=ragstack_{os.getpid()}_{opts.http_port}_",
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,shm-growth-byte-size=16777216",
+        ]
+        return cmd + list(opts.extra_args)
+
+    def _environment(self, install: ServerInstall) -> dict[str, str]:
+        env = dict(os.environ)
+        if install.lib_dir:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+        # The stub imports its packages through the `python3` on PATH: make that this venv's.
+        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        return env
+
+    def _check_inputs(self) -> None:
+        opts = self.options
+        for repo in opts.model_repositories:
+            if not Path(repo).is_dir():
+                raise LauncherError(f"model repository {repo} does not exist")
+        for name, port in (("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)):
+            if not port_is_free(opts.address, port):
+                raise LauncherError(f"{name} port {port} is already in use on {opts.address}; "
+                                    f"choose another with --{name.lower()}-port")
+
+    def start(self) -> "TritonServer":
+        self._check_inputs()
+        install = find_server_install()
+        check_libpython()
+        backend_dir = assemble_backend_dir(install, self.work_dir / "backends")
+        cmd = self.command(install, backend_dir)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self._environment(install), cwd=ROOT,
+            start_new_session=True,  # its own process group: we signal it and its stubs together
+            preexec_fn=_set_parent_death_signal)
+        log.close()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return False
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise LauncherError(f"tritonserver exited with code {code} during start-up; "
+                                    f"last log lines ({self.log_path}):\n{self.tail_log()}")
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise LauncherError(f"tritonserver not ready after {self.options.startup_timeout_s:.0f} s; "
+                            f"last log lines ({self.log_path}):\n{self.tail_log()}")
+
+    def tail_log(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> int | None:
+        """SIGINT lets in-flight requests finish (up to exit_timeout_s); then the group is killed."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=self.options.exit_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # Python backend stubs left behind by a crashed server are in the same process group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if self._own_work_dir:
+            backends = self.work_dir / "backends"
+            shutil.rmtree(backends, ignore_errors=True)
+        return proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

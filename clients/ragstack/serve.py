@@ -1,0 +1,70 @@
+"""`ragstack serve`: run the real Triton server in the foreground until Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from ragstack.launcher import DEFAULT_REPOSITORIES, LauncherError, ServerOptions, TritonServer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-repository", action="append", type=Path, dest="repositories",
+                        help="a model repository (repeatable; default: model_repository and ensembles)")
+    parser.add_argument("--models", default="*",
+                        help="comma-separated models to load at start (default '*': every model)")
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="bind address of HTTP, gRPC and metrics (default 127.0.0.1, loopback only)")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    parser.add_argument("--exit-timeout", type=int, default=30,
+                        help="seconds in-flight requests get to finish on shutdown")
+    parser.add_argument("--startup-timeout", type=float, default=300.0,
+                        help="seconds to wait for every model to load")
+    parser.add_argument("server_args", nargs="*",
+                        help="further tritonserver flags, after `--` (e.g. -- --log-info=false)")
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(
+        model_repositories=args.repositories or list(DEFAULT_REPOSITORIES),
+        models=[m.strip() for m in args.models.split(",") if m.strip()],
+        address=args.address, http_port=args.http_port, grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port, log_verbose=args.log_verbose,
+        exit_timeout_s=args.exit_timeout, startup_timeout_s=args.startup_timeout,
+        extra_args=list(args.server_args))
+
+
+def run(args: argparse.Namespace) -> int:
+    server = TritonServer(options_from_args(args))
+    stop_requested = threading.Event()
+
+    def request_stop(signum, _frame):
+        print(f"\n[serve] {signal.Signals(signum).name}: stopping (in-flight requests finish first)",
+              file=sys.stderr, flush=True)
+        stop_requested.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    print(f"[serve] starting tritonserver; log: {server.log_path}", flush=True)
+    try:
+        server.start()
+    except LauncherError as exc:
+        print(f"[serve] error: {exc}", file=sys.stderr)
+        return 1
+    print(f"[serve] ready  HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+          f"metrics {server.metrics_url}", flush=True)
+    while not stop_requested.wait(0.5):
+        if server.process is not None and server.process.poll() is not None:
+            code = server.process.returncode
+            print(f"[serve] tritonserver exited unexpectedly with code {code}; last log lines:\n"
+                  f"{server.tail_log()}", file=sys.stderr)
+            server.stop()
+            return code or 1
+    code = server.stop()
+    print(f"[serve] stopped (exit code {code})", flush=True)
+    return 0

@@ -1,0 +1,59 @@
+"""A request's token sequence as the scheduler, block manager and model runner see it."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+_seq_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # queued, or preempted (its KV was dropped and is recomputed)
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Prompt plus generated tokens. KV for tokens [0, num_computed_tokens) is in the cache.
+
+    `block_table[i]` is the physical KV block holding tokens [i*block_size, (i+1)*block_size).
+    """
+
+    token_ids: list[int]
+    sampling_params: Any  # llm_engine.sampling_params.SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_seq_counter))
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the last admission
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None  # "stop", "length", "abort"
+    output_logprobs: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.num_prompt_tokens:
+            self.num_prompt_tokens = len(self.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int, logprob: float | None = None) -> None:
+        self.token_ids.append(token_id)
+        if logprob is not None:
+            self.output_logprobs.append(logprob)

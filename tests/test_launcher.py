@@ -1,0 +1,117 @@
+"""The launcher fails clearly on bad input, stops cleanly, and leaves no process behind."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import FIXTURE_REPOSITORY, free_server_options
+from ragstack.launcher import LauncherError, TritonServer, find_server_install
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (the server's work dir is in its arguments)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return [p for p in pids if p != os.getpid()]
+
+
+def assert_no_process_left(work_dir: Path) -> None:
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(work_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(work_dir)) == []
+
+
+def start_expecting_failure(tmp_path: Path, **overrides) -> str:
+    server = TritonServer(free_server_options(**overrides), work_dir=tmp_path / "work")
+    with pytest.raises(LauncherError) as info:
+        server.start()
+    assert_no_process_left(tmp_path / "work")
+    return str(info.value)
+
+
+def test_missing_repository(tmp_path):
+    message = start_expecting_failure(tmp_path, model_repositories=[tmp_path / "nope"])
+    assert "model repository" in message and "does not exist" in message
+
+
+def test_port_in_use(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        message = start_expecting_failure(tmp_path, model_repositories=[FIXTURE_REPOSITORY], grpc_port=port)
+    assert f"gRPC port {port} is already in use" in message
+
+
+def test_no_stub_for_this_python(tmp_path, monkeypatch):
+    real = find_server_install()
+    fake = tmp_path / "triton"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "tritonserver").symlink_to(real.server_bin)
+    shutil.copytree(real.python_backend, fake / "backends" / "python")
+    (fake / "python_backend_stubs" / "3.0").mkdir(parents=True)
+    monkeypatch.setenv("TRITONSERVER_DIR", str(fake))
+    monkeypatch.setenv("TRITONSERVER_LIBS", str(real.lib_dir))
+    message = start_expecting_failure(tmp_path, model_repositories=[FIXTURE_REPOSITORY])
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert f"no Python backend stub for Python {py}" in message and "3.0" in message
+
+
+def test_broken_config_fails_with_server_log(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE_REPOSITORY / "echo", repo / "broken")
+    (repo / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\ninput [ { name: ')
+    message = start_expecting_failure(tmp_path, model_repositories=[repo])
+    assert "exited with code" in message
+    assert "broken" in message  # the server's own log lines name the model that failed
+
+
+def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
+    """`ragstack serve` under SIGTERM: a request already running still gets its answer."""
+    opts = free_server_options()
+    cmd = [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
+           "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
+           "--metrics-port", str(opts.metrics_port), "--exit-timeout", "20"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[serve] ready" in line:
+            break
+    assert "[serve] ready" in "".join(lines), "".join(lines)
+    work_dir = next(line.split("log: ")[1].strip() for line in lines if "log: " in line)
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{opts.http_port}", network_timeout=30)
+    data = np.ones((1, 2), dtype=np.float32)
+    inp = httpclient.InferInput("INPUT", [1, 2], "FP32")
+    inp.set_data_from_numpy(data)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(
+        out=client.infer("echo", [inp], parameters={"delay_s": 2}).as_numpy("OUTPUT")))
+    worker.start()
+    time.sleep(0.7)  # the request is inside the model now
+    proc.send_signal(signal.SIGTERM)
+    worker.join(30)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, rest
+    np.testing.assert_array_equal(result["out"], data)
+    assert "[serve] stopped" in rest
+    assert_no_process_left(Path(work_dir).parent)
