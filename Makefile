@@ -6,6 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMPS := .stamps
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# pip install, without a local package mirror's "Location ... is ignored" noise; pipefail keeps pip's status.
+PIP = set -o pipefail; $(BIN)/python -m pip install -q
+QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
 
 .PHONY: demo test setup artifacts clean
 
@@ -22,9 +25,9 @@ setup: $(STAMPS)/venv
 $(STAMPS)/venv: requirements.lock pyproject.toml scripts/setup_system.sh
 	bash scripts/setup_system.sh $(PYTHON)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.lock
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(PIP) --upgrade pip $(QUIET)
+	$(PIP) -r requirements.lock $(QUIET)
+	$(PIP) --no-deps --no-build-isolation -e . $(QUIET) >/dev/null
 	@mkdir -p $(STAMPS) && touch $@
 
 # Built artifacts (ONNX models, tiny checkpoints, indexes); `ragstack build` skips what is up to date.

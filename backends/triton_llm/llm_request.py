@@ -1,0 +1,132 @@
+"""Turn one Triton request's tensors into a validated generation request.
+
+Tensor names follow vllm_backend and TensorRT-LLM so their clients work unchanged. Every error
+names the tensor (or sampling key), the value and the limit; the caller answers INVALID_ARG.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+# Inputs the model declares (auto_complete_config adds those the config lacks).
+INPUTS = [
+    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+    {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "max_tokens", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
+    {"name": "exclude_input_in_output", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+    {"name": "return_num_input_tokens", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+    {"name": "return_num_output_tokens", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+]
+OUTPUTS = [
+    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "num_input_tokens", "data_type": "TYPE_INT32", "dims": [1]},
+    {"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [1]},
+]
+MAX_PROMPT_BYTES = 1 << 20   # a prompt larger than this is refused before tokenization
+MAX_JSON_BYTES = 64 << 10
+
+
+class InvalidRequest(ValueError):
+    """Bad input from the client: answered with INVALID_ARG."""
+
+
+@dataclass
+class LLMRequest:
+    prompt: str | None                     # plain text, used as is
+    messages: list[dict[str, str]] | None  # chat messages, rendered with the model's template
+    stream: bool
+    sampling: dict[str, Any]               # keys of llm_engine.SamplingParams
+    exclude_input_in_output: bool
+    return_num_input_tokens: bool
+    return_num_output_tokens: bool
+
+
+def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
+    array = get(name)
+    if array is None:
+        return None
+    if array.size != 1:
+        raise InvalidRequest(f"input '{name}' must hold exactly one element, got shape {list(array.shape)}")
+    value = array.reshape(-1)[0]
+    if kind is bytes:
+        if not isinstance(value, (bytes, np.bytes_, str)):
+            raise InvalidRequest(f"input '{name}' must be BYTES, got {array.dtype}")
+        return value.encode() if isinstance(value, str) else bytes(value)
+    if kind is bool:
+        if array.dtype != np.bool_:
+            raise InvalidRequest(f"input '{name}' must be BOOL, got {array.dtype}")
+        return bool(value)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InvalidRequest(f"input '{name}' must be an integer tensor, got {array.dtype}")
+    return int(value)
+
+
+def _utf8(raw: bytes, name: str, limit: int) -> str:
+    if len(raw) > limit:
+        raise InvalidRequest(f"input '{name}' is {len(raw)} bytes; the limit is {limit}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
+
+
+def _json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"input '{name}' is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+def _parse_messages(text: str) -> list[dict[str, str]]:
+    messages = _json(text, "messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("input 'messages' must be a non-empty JSON list of {\"role\", \"content\"} objects")
+    for i, message in enumerate(messages):
+        if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
+                or not isinstance(message.get("content"), str)):
+            raise InvalidRequest(f"messages[{i}] must be an object with string 'role' and 'content'")
+    return messages
+
+
+def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str) -> LLMRequest:
+    """`get(name)` returns the input tensor as numpy or None; `request_parameters` is the request's
+    parameters JSON, where the HTTP generate endpoint puts its "parameters" object."""
+    raw_text = _scalar(get, "text_input", bytes)
+    raw_messages = _scalar(get, "messages", bytes)
+    if raw_text is None and raw_messages is None:
+        raise InvalidRequest("missing input: give 'text_input' (a prompt) or 'messages' (chat JSON)")
+    if raw_text is not None and raw_messages is not None:
+        raise InvalidRequest("give either 'text_input' or 'messages', not both")
+    prompt = _utf8(raw_text, "text_input", MAX_PROMPT_BYTES) if raw_text is not None else None
+    messages = (_parse_messages(_utf8(raw_messages, "messages", MAX_PROMPT_BYTES))
+                if raw_messages is not None else None)
+    if prompt is not None and not prompt:
+        raise InvalidRequest("input 'text_input' is empty")
+
+    raw_params = _scalar(get, "sampling_parameters", bytes)
+    if raw_params is not None:
+        sampling = _json(_utf8(raw_params, "sampling_parameters", MAX_JSON_BYTES), "sampling_parameters")
+        source = "sampling_parameters"
+    else:
+        sampling = _json(request_parameters or "{}", "parameters")
+        source = "parameters"
+    if not isinstance(sampling, dict):
+        raise InvalidRequest(f"'{source}' must be a JSON object, got {type(sampling).__name__}")
+
+    max_tokens = _scalar(get, "max_tokens", int)
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    stream = _scalar(get, "stream", bool)
+    exclude = _scalar(get, "exclude_input_in_output", bool)
+    return LLMRequest(
+        prompt=prompt, messages=messages, stream=bool(stream), sampling=sampling,
+        # As vllm_backend: a streamed answer never repeats the prompt; a single answer does unless told.
+        exclude_input_in_output=True if stream else bool(exclude),
+        return_num_input_tokens=bool(_scalar(get, "return_num_input_tokens", bool)),
+        return_num_output_tokens=bool(_scalar(get, "return_num_output_tokens", bool)))
