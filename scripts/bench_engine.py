@@ -1,0 +1,230 @@
+"""Engine benchmark, in-process: our engine and HF transformers `generate()` on the same weights
+and prompts, in one run, plus the single-stream roofline from the bandwidth measured in the run.
+
+Workloads (issue 7): a = one stream, 128-token prompt, 256 output tokens; b = N requests at once,
+prompts uniform in 128..1024, outputs uniform in 128..512 (ignore_eos); c = 8 requests of 16k-token
+prompts, 128 output tokens; d = FP8 KV against bf16 KV on b and c.
+
+    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a,b --num-requests 1000
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Row:
+    system: str
+    workload: str
+    kv_dtype: str
+    requests: int
+    output_tokens: int
+    seconds: float
+    tok_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    peak_mem_gb: float
+
+
+def pct(values, q):
+    return float(np.percentile(values, q) * 1e3) if len(values) else None
+
+
+def make_workload(name: str, vocab: int, num_requests: int, seed: int = 0):
+    rng = random.Random(seed)
+    if name == "a":
+        specs = [(128, 256)]
+    elif name == "b":
+        specs = [(rng.randint(128, 1024), rng.randint(128, 512)) for _ in range(num_requests)]
+    elif name == "c":
+        specs = [(16384, 128)] * 8
+    else:
+        raise ValueError(f"unknown workload {name!r}")
+    # Ids away from the special tokens at the end of the vocabulary.
+    return [([rng.randrange(10, vocab - 10) for _ in range(p)], o) for p, o in specs]
+
+
+def measure_bandwidth() -> float:
+    """Device-to-device copy of 4 GiB: bytes read + written per second."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * n * 4 / float(np.median(times))
+
+
+def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int) -> Row:
+    from llm_engine import LLM, SamplingParams
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    llm = LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len)
+    prompts = [ids for ids, _ in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
+    llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * 2)  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 8)
+    seconds = time.perf_counter() - t0
+    n_out = sum(len(o.token_ids) for o in outputs)
+    ttft = [o.stats.time_to_first_token for o in outputs]
+    itl = [g for o in outputs for g in o.stats.inter_token_latencies]
+    row = Row("engine", workload, kv_dtype, len(outputs), n_out, seconds, n_out / seconds, pct(ttft, 50),
+              pct(ttft, 99), pct(itl, 50), pct(itl, 99), torch.cuda.max_memory_allocated() / 1e9)
+    del llm, outputs
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def run_hf(model: str, workload: str, requests, batch_size: int) -> Row:
+    """HF generate() as a user writes it: left-padded batches, greedy, each batch runs to its
+    longest requested output; only the requested tokens are counted."""
+    from transformers import AutoModelForCausalLM
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    pad = hf.config.eos_token_id if isinstance(hf.config.eos_token_id, int) else 0
+    n_out, ttfts = 0, []
+    t0 = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i:i + batch_size]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (p, _) in enumerate(batch):
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        new = max(o for _, o in batch)
+        b0 = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new,
+                        do_sample=False, pad_token_id=pad)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - b0
+        # A batch's first tokens appear after its prefill; a request waits for the batches before it.
+        ttfts += [b0 - t0 + elapsed / new] * len(batch)
+        n_out += sum(o for _, o in batch)
+    seconds = time.perf_counter() - t0
+    row = Row("hf-generate", workload, "bfloat16", len(requests), n_out, seconds, n_out / seconds,
+              pct(ttfts, 50), pct(ttfts, 99), None, None, torch.cuda.max_memory_allocated() / 1e9)
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int) -> float:
+    """Single stream: each step reads every weight (embedding rows aside) and the KV so far."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    index = json.loads((Path(model) / "model.safetensors.index.json").read_text())
+    weight_bytes = index["metadata"]["total_size"]
+    weight_bytes -= cfg["vocab_size"] * cfg["hidden_size"] * 2  # the embedding table: one row per step
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+    mean_context = prompt + output / 2
+    step_bytes = weight_bytes + kv_per_token * mean_context
+    return bandwidth / step_bytes
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF model folder (scripts/make_random_model.py)")
+    parser.add_argument("--workloads", default="a,b", help="comma-separated from a,b,c,d")
+    parser.add_argument("--num-requests", type=int, default=1000, help="requests in workload b")
+    parser.add_argument("--hf-requests", type=int, default=None,
+                        help="run HF on only the first N requests of b (it is slow); default: all")
+    parser.add_argument("--hf-batch-size", type=int, default=64)
+    parser.add_argument("--no-hf", action="store_true", help="skip the HF baseline")
+    parser.add_argument("--max-model-len", type=int, default=17408)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--record", type=Path, default=ROOT / "docs" / "benchmarks.md",
+                        help="append the table here (empty to skip)")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+
+    cfg = json.loads((Path(args.model) / "config.json").read_text())
+    names = args.workloads.split(",")
+    runs = [(w, "auto") for w in names if w != "d"]
+    if "d" in names:
+        runs += [(w, "fp8_e4m3") for w in ("b", "c")] + [(w, "auto") for w in ("b", "c") if w not in names]
+    bandwidth = measure_bandwidth()
+    rows: list[Row] = []
+    for workload, kv in runs:
+        requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
+        rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len))
+        print(rows[-1], flush=True)
+        if not args.no_hf and kv == "auto":
+            subset = requests[:args.hf_requests] if (workload == "b" and args.hf_requests) else requests
+            rows.append(run_hf(args.model, workload, subset, args.hf_batch_size))
+            print(rows[-1], flush=True)
+
+    roof = roofline_tok_s(args.model, bandwidth, 128, 256)
+    header = ("| system | workload | KV | requests | output tok | s | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms "
+              "| peak GB |\n|---|---|---|---|---|---|---|---|---|---|\n")
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    lines = [f"| {r.system} | {r.workload} | {r.kv_dtype} | {r.requests} | {r.output_tokens} | {r.seconds:.1f} | "
+             f"{r.tok_s:,.0f} | {fmt(r.ttft_p50_ms)} / {fmt(r.ttft_p99_ms)} | {fmt(r.itl_p50_ms)} / "
+             f"{fmt(r.itl_p99_ms)} | {r.peak_mem_gb:.1f} |" for r in rows]
+    engine_a = next((r for r in rows if r.system == "engine" and r.workload == "a"), None)
+    notes = [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s; single-stream roofline for (a) "
+             f"{roof:.0f} tok/s"]
+    if engine_a:
+        notes.append(f"engine (a) at {100 * engine_a.tok_s / roof:.0f}% of the roofline")
+    table = header + "\n".join(lines)
+    print(table)
+    print("; ".join(notes))
+    gpu = torch.cuda.get_device_name()
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "bandwidth": bandwidth,
+                                         "roofline_a": roof, "gpu": gpu}, indent=1))
+    if args.record and str(args.record):
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        with open(args.record, "a") as f:
+            f.write(f"\n## Engine in-process vs HF generate ({stamp})\n\nMachine: {gpu}, {platform.node()}; "
+                    f"commit {git_commit()}; model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L "
+                    f"random bf16; command: `python scripts/bench_engine.py {' '.join(argv)}`\n\n"
+                    f"{table}\n\n{'; '.join(notes)}.\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
