@@ -1,0 +1,63 @@
+"""Engine settings of one model version: config.pbtxt parameters, then `engine.json` in the
+version folder (version-specific values win), typed by EngineConfig's own fields."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+from llm_engine.config import EngineConfig
+
+# Parameters of the backend itself, not of the engine.
+BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s"}
+BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0}
+
+
+def _convert(name: str, raw: Any, annotation: Any) -> Any:
+    """A config.pbtxt parameter is a string; engine.json values arrive typed already."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if text.lower() in ("", "none", "null"):
+        return None
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    for kind in kinds:
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                return text.lower() in ("true", "1")
+            if kind in (int, float):
+                return kind(text)
+        except ValueError:
+            continue
+        if kind is str:
+            return text
+    raise ValueError(f"parameter '{name}' = {raw!r} is not a valid {annotation}")
+
+
+def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, dict[str, Any]]:
+    values: dict[str, Any] = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+    engine_json = version_dir / "engine.json"
+    if engine_json.is_file():
+        try:
+            values.update(json.loads(engine_json.read_text()))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{engine_json} is not valid JSON: {exc}") from None
+    backend = dict(BACKEND_DEFAULTS)
+    backend.update({k: values.pop(k) for k in list(values) if k in BACKEND_KEYS})
+    hints = typing.get_type_hints(EngineConfig)
+    fields = {f.name for f in dataclasses.fields(EngineConfig) if f.init}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"unknown engine parameter(s) {unknown}; known: {sorted(fields | BACKEND_KEYS)}")
+    kwargs = {k: _convert(k, v, hints[k]) for k, v in values.items()}
+    # A relative model path is a folder inside the version directory (default: "model").
+    model = Path(os.path.expanduser(str(kwargs.get("model") or "model")))
+    kwargs["model"] = str(model if model.is_absolute() else version_dir / model)
+    backend["shutdown_timeout_s"] = float(backend["shutdown_timeout_s"])
+    backend["metrics_interval_s"] = float(backend["metrics_interval_s"])
+    return EngineConfig(**kwargs), backend
