@@ -33,6 +33,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop", "length", "abort"
     output_logprobs: list[float] = field(default_factory=list)
+    # Chained hashes of the full blocks of token_ids (prefix caching); tokens are only appended,
+    # so they stay valid across preemption and are extended, never recomputed.
+    block_hashes: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

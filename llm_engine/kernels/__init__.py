@@ -1,0 +1,35 @@
+"""Triton kernels of the engine's hot paths, each with a pure-torch `<name>_ref` of the same signature."""
+from llm_engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from llm_engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from llm_engine.kernels.kv_cache import (
+    FP8_E4M3_MAX,
+    FP8_SCALE_MIN,
+    dequantize_fp8_ref,
+    gather_kv_ref,
+    quantize_fp8_ref,
+    write_kv_cache,
+    write_kv_cache_ref,
+)
+from llm_engine.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from llm_engine.kernels.rms_norm import rms_norm, rms_norm_ref
+from llm_engine.kernels.rotary import apply_rotary, apply_rotary_ref
+
+__all__ = [
+    "FP8_E4M3_MAX",
+    "FP8_SCALE_MIN",
+    "apply_rotary",
+    "apply_rotary_ref",
+    "dequantize_fp8_ref",
+    "gather_kv_ref",
+    "paged_decode_attention",
+    "paged_decode_attention_ref",
+    "paged_prefill_attention",
+    "paged_prefill_attention_ref",
+    "quantize_fp8_ref",
+    "rms_norm",
+    "rms_norm_ref",
+    "silu_and_mul",
+    "silu_and_mul_ref",
+    "write_kv_cache",
+    "write_kv_cache_ref",
+]

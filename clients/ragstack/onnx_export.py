@@ -1,0 +1,236 @@
+"""Export a local Hugging Face model folder to `<repository>/<name>/<version>/model.onnx` + tokenizer.
+
+One call writes one version: the ONNX graph (fp32, or an fp16 / int8 variant of it), the model's
+tokenizer files, and `export.json` recording what was exported and how close it is to PyTorch.
+The export fails when the graph is further from the PyTorch model than the tolerance of its
+precision, or when its tensors differ from the model's config.pbtxt (all versions of a model share
+that one config, so they must share its tensors).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+OPSET = 17
+KINDS = ("embedder", "cross-encoder", "pair-cosine")
+PRECISIONS = ("fp32", "fp16", "int8")
+# (max abs difference, min cosine) against the fp32 PyTorch model, per precision.
+TOLERANCE = {"fp32": (1e-4, 0.99999), "fp16": (1e-2, 0.999), "int8": (0.1, 0.98)}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "sentencepiece.bpe.model")
+CHECK_TEXTS = (
+    "how do I reset my password",
+    "The Eiffel Tower was completed in 1889 for the World's Fair in Paris.",
+    "a",
+    "Photosynthesis converts light energy into chemical energy stored in glucose. " * 40,  # over the limit
+    "Triton Inference Server batches requests dynamically to raise throughput on GPUs and CPUs alike.",
+)
+CHECK_QUERY = "when was the eiffel tower built"
+CODE = (Path(__file__), Path(__file__).with_name("onnx_graphs.py"))
+
+
+def log(msg: str) -> None:
+    print(f"[export] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Check:
+    max_abs_diff: float
+    min_cosine: float
+    tolerance_max_abs_diff: float
+    tolerance_min_cosine: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance_max_abs_diff and self.min_cosine >= self.tolerance_min_cosine
+
+
+def detect_kind(model_dir: Path) -> str:
+    config = json.loads((model_dir / "config.json").read_text())
+    return "cross-encoder" if any(a.endswith("ForSequenceClassification") for a in config.get("architectures", [])) \
+        else "embedder"
+
+
+def max_length(model_dir: Path) -> int:
+    """The model's token limit: sentence-transformers' max_seq_length, else the tokenizer's, capped by positions."""
+    config = json.loads((model_dir / "config.json").read_text())
+    limit = config["max_position_embeddings"]
+    st_config, tok_config = model_dir / "sentence_bert_config.json", model_dir / "tokenizer_config.json"
+    if st_config.exists():
+        return min(limit, json.loads(st_config.read_text())["max_seq_length"])
+    if tok_config.exists():
+        return min(limit, int(json.loads(tok_config.read_text()).get("model_max_length", limit)))
+    return limit
+
+
+def tokenizer_for(model_dir: Path, limit: int):
+    """The model's tokenizer.json with truncation at `limit`, right padding to the longest of a batch."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.enable_truncation(limit, strategy="longest_first", direction="right")
+    pad = tok.padding or {}
+    pad_token = pad.get("pad_token") or _special_token(model_dir, "pad_token")
+    # right padding: the graphs drop the trailing padding columns a batch does not need
+    tok.enable_padding(direction="right", pad_id=tok.token_to_id(pad_token), pad_token=pad_token,
+                       pad_type_id=pad.get("pad_type_id", 0))
+    return tok
+
+
+def _special_token(model_dir: Path, key: str) -> str:
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = model_dir / name
+        if path.exists() and key in (data := json.loads(path.read_text())):
+            value = data[key]
+            return value["content"] if isinstance(value, dict) else value
+    raise ValueError(f"{model_dir}: no {key} in special_tokens_map.json or tokenizer_config.json")
+
+
+def check_batch(tok, kind: str) -> dict[str, np.ndarray]:
+    encodings = tok.encode_batch([(CHECK_QUERY, t) for t in CHECK_TEXTS] if kind != "embedder" else list(CHECK_TEXTS))
+    return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+
+
+def load_graph(model_dir: Path, kind: str, tok):
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    from ragstack.onnx_graphs import CrossEncoderScorer, MeanPoolEmbedder, PairCosineReranker
+
+    # eager attention: the explicit matmul/softmax graph every ONNX Runtime execution provider fuses
+    if kind == "cross-encoder":
+        module = CrossEncoderScorer(AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager"))
+    elif kind == "embedder":
+        module = MeanPoolEmbedder(AutoModel.from_pretrained(model_dir, attn_implementation="eager"))
+    else:
+        module = PairCosineReranker(AutoModel.from_pretrained(model_dir, attn_implementation="eager"), tok.encode("").ids[0])
+    return module.eval(), ("embedding" if kind == "embedder" else "scores")
+
+
+def export_fp32(module, output: str, sample: dict[str, np.ndarray], path: Path) -> None:
+    import torch
+
+    from ragstack.onnx_graphs import INPUT_NAMES
+
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES} | {output: {0: "batch"}}
+    # a smaller dummy batch than the check batch, so the check also exercises the dynamic axes
+    args = tuple(torch.from_numpy(sample[name][:2]) for name in INPUT_NAMES)
+    torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET, input_names=list(INPUT_NAMES),
+                      output_names=[output], dynamic_axes=axes)
+    module.eval()  # the exporter restores the wrapper's training flag, which was never set
+
+
+def make_variant(fp32: Path, precision: str, path: Path) -> None:
+    if precision == "fp16":
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        # float32 inputs/outputs stay, so every version keeps the config's tensors
+        onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(path))
+    else:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, per_channel=True)
+
+
+def compare(onnx_path: Path, module, sample: dict[str, np.ndarray], precision: str) -> Check:
+    import onnxruntime as ort
+    import torch
+
+    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, sample)[0]
+    with torch.no_grad():
+        want = module(*(torch.from_numpy(v) for v in sample.values())).numpy()
+    # cosine per row for embeddings; over the whole batch for scores ([N, 1])
+    got_rows, want_rows = (got, want) if got.shape[1] > 1 else (got.T, want.T)
+    cosine = (got_rows * want_rows).sum(1) / (np.linalg.norm(got_rows, axis=1) * np.linalg.norm(want_rows, axis=1))
+    return Check(float(np.abs(got - want).max()), float(cosine.min()), *TOLERANCE[precision])
+
+
+def check_config(config_path: Path, onnx_path: Path) -> None:
+    """Fail unless the graph has exactly the config's tensors (names, dtypes, non-batch dims)."""
+    import onnx
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    if not config_path.exists():
+        raise SystemExit(f"{config_path} is missing: write the model's config first (see docs/onnx_models.md)")
+    config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    elem = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.FLOAT: "TYPE_FP32"}
+
+    def tensors(values):
+        return {v.name: (elem.get(v.type.tensor_type.elem_type, "?"),
+                         [d.dim_value or -1 for d in v.type.tensor_type.shape.dim][1:]) for v in values}
+
+    def declared(values):
+        return {v.name: (model_config_pb2.DataType.Name(v.data_type), list(v.dims)) for v in values}
+
+    for what, graph_side, config_side in (("inputs", graph.input, config.input), ("outputs", graph.output, config.output)):
+        have, want = tensors(graph_side), declared(config_side)
+        if have != want:
+            raise SystemExit(f"{onnx_path}: graph {what} {have} differ from {config_path} {want}")
+
+
+def fingerprint(model_dir: Path, settings: dict) -> str:
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(model_dir)}:{path.stat().st_size}:{path.stat().st_mtime_ns}".encode())
+    for path in CODE:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def export(model_dir: Path, repository: Path, name: str, version: int, kind: str = "auto",
+           precision: str = "fp32", limit: int | None = None) -> dict:
+    """Write one version; skip it when the recorded fingerprint says it is up to date."""
+    model_dir, kind = Path(model_dir).resolve(), (detect_kind(model_dir) if kind == "auto" else kind)
+    limit = limit or max_length(model_dir)
+    out = repository / name / str(version)
+    settings = {"kind": kind, "precision": precision, "max_length": limit, "opset": OPSET}
+    stamp = fingerprint(model_dir, settings)
+    record_path = out / "export.json"
+    if (out / "model.onnx").exists() and record_path.exists() and json.loads(record_path.read_text())["fingerprint"] == stamp:
+        log(f"{name}/{version}: up to date")
+        return json.loads(record_path.read_text())
+
+    started = time.monotonic()
+    log(f"{name}/{version}: loading {model_dir} as {kind}")
+    tok = tokenizer_for(model_dir, limit)
+    module, output = load_graph(model_dir, kind, tok)
+    sample = check_batch(tok, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        fp32 = Path(tmp) / "fp32.onnx"
+        log(f"{name}/{version}: exporting to ONNX (opset {OPSET})")
+        export_fp32(module, output, sample, fp32)
+        onnx_path = fp32
+        if precision != "fp32":
+            log(f"{name}/{version}: converting to {precision}")
+            onnx_path = Path(tmp) / f"{precision}.onnx"
+            make_variant(fp32, precision, onnx_path)
+        log(f"{name}/{version}: checking against PyTorch")
+        check = compare(onnx_path, module, sample, precision)
+        log(f"{name}/{version}: max abs diff {check.max_abs_diff:.2e} (<= {check.tolerance_max_abs_diff:g}), "
+            f"min cosine {check.min_cosine:.6f} (>= {check.tolerance_min_cosine:g})")
+        if not check.ok:
+            raise SystemExit(f"{name}/{version}: the {precision} graph is outside the tolerance; nothing written")
+        check_config(repository / name / "config.pbtxt", onnx_path)
+        os.replace(onnx_path, out / "model.onnx")
+    for file in TOKENIZER_FILES[1:]:
+        if (model_dir / file).exists():
+            shutil.copy2(model_dir / file, out / file)
+    tok.save(str(out / "tokenizer.json"))
+    record = {"source": str(model_dir), **settings, "check": asdict(check), "fingerprint": stamp}
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    log(f"{name}/{version}: written in {time.monotonic() - started:.1f}s")
+    return record

@@ -1,0 +1,113 @@
+"""Engine settings, validated once at construction so a bad value fails before any weight is read."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llm_engine.model_config import ModelConfig
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+
+@dataclass
+class EngineConfig:
+    model: str                              # local HF model folder
+    dtype: str = "auto"                     # auto: the checkpoint's (float32 checkpoints run in bfloat16 on CUDA)
+    kv_cache_dtype: str = "auto"            # auto: the model dtype; fp8_e4m3: e4m3 values + per-(token, head) scales
+    block_size: int = 16                    # tokens per KV block
+    max_model_len: int | None = None        # prompt + output tokens per sequence; None: the model's limit
+    max_num_seqs: int = 256                 # sequences per step (and the largest CUDA-graph batch)
+    max_num_batched_tokens: int = 2048      # token budget per step (decodes + prefill chunks)
+    gpu_memory_utilization: float = 0.9     # share of total GPU memory the engine may use, KV pool included
+    num_kv_blocks: int | None = None        # None: sized from free GPU memory (CUDA) or cpu_kv_cache_tokens (CPU)
+    cpu_kv_cache_tokens: int = 16384        # KV pool capacity on CPU, in tokens
+    enable_prefix_caching: bool = True
+    device: str = "auto"                    # auto (cuda:0, else cpu) | cpu | cuda | cuda:N
+    seed: int = 0
+    enforce_eager: bool = False             # True: no CUDA graphs
+    max_waiting: int | None = 1024          # bound of the waiting queue; None: unbounded
+    model_config: ModelConfig = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.model_config = ModelConfig.from_pretrained(self.model)
+        _expect_device(self.device)
+        _expect_choice("dtype", self.dtype, ("auto", *_DTYPES))
+        _expect_choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
+        if self.block_size < 1 or self.block_size & (self.block_size - 1) or self.block_size > 256:
+            raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}")
+        self.max_model_len = self._resolve_max_model_len()
+        _expect_min("max_num_seqs", self.max_num_seqs, 1)
+        _expect_min("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_kv_blocks is not None:
+            _expect_min("num_kv_blocks", self.num_kv_blocks, 1)
+        _expect_min("cpu_kv_cache_tokens", self.cpu_kv_cache_tokens, self.block_size)
+        if self.max_waiting is not None:
+            _expect_min("max_waiting", self.max_waiting, 1)
+
+    @property
+    def torch_device(self) -> torch.device:
+        """Resolved on use: a host may set `device` after construction (one GPU per Triton instance)."""
+        return _resolve_device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        checkpoint = self.model_config.dtype
+        # fp32 weights would double the bytes each decode step reads; the kernels target 16-bit.
+        on_gpu = self.torch_device.type == "cuda"
+        return torch.bfloat16 if checkpoint == torch.float32 and on_gpu else checkpoint
+
+    @property
+    def kv_cache_torch_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else self.torch_dtype
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return self.torch_device.type == "cuda" and not self.enforce_eager
+
+    def _resolve_max_model_len(self) -> int:
+        mc = self.model_config
+        limit, source = mc.max_position_embeddings, "max_position_embeddings"
+        # No sliding-window attention kernel: a context no longer than the window makes it a no-op.
+        if mc.sliding_window is not None and mc.sliding_window < limit:
+            limit, source = mc.sliding_window, "sliding_window"
+        if self.max_model_len is None:
+            return limit
+        _expect_min("max_model_len", self.max_model_len, 1)
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {source} {limit}")
+        return self.max_model_len
+
+
+def _expect_device(device: str) -> None:
+    if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+
+
+def _resolve_device(device: str) -> torch.device:
+    _expect_device(device)
+    if device == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    index = int(device[5:]) if device != "cuda" else 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", index)
+
+
+def _expect_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _expect_min(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

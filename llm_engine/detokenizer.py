@@ -1,0 +1,104 @@
+"""Incremental detokenization and stop-string detection for one request.
+
+Decoding token by token breaks on byte-level pieces (a multibyte character split over tokens)
+and on tokenizers whose decode depends on the neighbouring tokens (SentencePiece's leading space).
+The prefix-offset / read-offset technique (vLLM, TGI) decodes only a short window: the tokens
+[prefix_offset, read_offset) already emitted, for context, plus the new ones; the new text is
+what the window decodes to beyond the context. A window ending in an incomplete character
+(U+FFFD) waits for the next token. Each step decodes a few tokens, never the whole output.
+"""
+from __future__ import annotations
+
+# How many prompt tokens give the first output token its decoding context (as vLLM).
+_INITIAL_CONTEXT = 5
+
+
+class IncrementalDetokenizer:
+    """Feed each generated token with `add_token`, then `emit` the text that is safe to show.
+
+    Text that could be the start of a stop string is held back until it is known not to be one;
+    when a stop string appears, the text is cut just before it and `stopped` becomes True.
+    """
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str] = (),
+                 skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        self._ids = list(prompt_token_ids[-_INITIAL_CONTEXT:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._stop = list(stop)
+        self._text = ""       # decoded output text (cut at the stop string once one is found)
+        self._emitted = 0     # chars of _text already returned by emit()
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """The output text emitted so far."""
+        return self._text[:self._emitted]
+
+    def add_token(self, token_id: int, check_stop: bool = True) -> None:
+        """Decode one more token; `check_stop` False (below min_tokens) ignores stop strings."""
+        if self.stopped:
+            return
+        self._ids.append(token_id)
+        new_text = self._decode_new(final=False)
+        if new_text:
+            self._append(new_text, check_stop)
+
+    def emit(self, finished: bool = False) -> str:
+        """Text newly safe to show. With `finished`, flush everything held back (pending partial
+        characters included, as U+FFFD) unless the output ended on a stop string."""
+        if finished and not self.stopped:
+            rest = self._decode_new(final=True)
+            if rest:
+                self._text += rest
+            end = len(self._text)
+        else:
+            end = len(self._text) - self._stop_prefix_len()
+        delta = self._text[self._emitted:end]
+        self._emitted = max(self._emitted, end)
+        return delta
+
+    def _decode_new(self, final: bool) -> str:
+        ids = self._ids
+        if self._read_offset == len(ids):
+            return ""
+        prefix = self._decode(ids[self._prefix_offset:self._read_offset])
+        full = self._decode(ids[self._prefix_offset:])
+        if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
+            return ""  # nothing printable yet (special token skipped, or character incomplete)
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(ids)
+        return full[len(prefix):]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+
+    def _append(self, new_text: str, check_stop: bool) -> None:
+        start = len(self._text)
+        self._text += new_text
+        if not (check_stop and self._stop):
+            return
+        cut = -1
+        for s in self._stop:
+            # A stop string may straddle the boundary with earlier, not yet emitted, text.
+            i = self._text.find(s, max(self._emitted, start - len(s) + 1))
+            if i != -1 and (cut == -1 or i < cut):
+                cut = i
+        if cut != -1:
+            self._text = self._text[:cut]
+            self.stopped = True
+
+    def _stop_prefix_len(self) -> int:
+        """Length of the longest tail of the text that begins some stop string."""
+        if self.stopped:
+            return 0
+        text = self._text
+        longest = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(text)), longest, -1):
+                if text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest

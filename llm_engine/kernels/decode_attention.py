@@ -1,0 +1,222 @@
+"""Paged attention for decode: one query token per sequence, split-KV (flash-decoding).
+
+Stage 1 gives each (sequence, kv head, split) program a slice of the context; the program
+handles all query heads sharing that kv head (GQA), so each KV tile is read once. Stage 2
+merges the splits' partial results by their log-sum-exp. A single split skips stage 2.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from llm_engine.kernels._attention_ref import attend_paged_ref
+from llm_engine.kernels._validate import (
+    expect_launchable,
+    expect_paged_attention_args,
+    expect_power_of_two,
+    expect_shape,
+)
+from llm_engine.kernels.launch_config import interpreting, launch_params
+
+LOG2_E = 1.4426950408889634
+# UPCAST_DOT: the interpreter's tl.dot multiplies bf16's raw uint16 storage, so under the
+# interpreter bf16 operands go through the dots as float32.
+# tl.dot needs at least 16 rows, so a GQA group is padded up to this many query heads.
+MIN_DOT_ROWS = 16
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D].
+
+    num_splits only shapes the kernel's work split; the reference ignores it.
+    """
+    _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    out = torch.empty_like(q)
+    for b, context_len in enumerate(context_lens.tolist()):
+        out[b] = attend_paged_ref(q[b : b + 1], k_cache, v_cache, k_scale, v_scale,
+                                  block_tables[b], context_len, scale)[0].to(q.dtype)
+    return out
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, partial_out_ptr, partial_lse_ptr,
+    qk_scale,
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_cache_token, stride_cache_head, stride_bt,
+    num_q_heads, num_kv_heads, num_splits,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq)
+    # Whole BLOCK_N tiles per split, so only the context's last tile is partial.
+    split_len = tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N) * BLOCK_N
+    split_start = split * split_len
+    split_end = tl.minimum(split_start + split_len, context_len)
+
+    group_rows = tl.arange(0, BLOCK_G)
+    heads = kv_head + group_rows
+    head_mask = (group_rows < GROUP)[:, None]
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=head_mask, other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    for tile_start in range(split_start, split_end, BLOCK_N):
+        tokens = tile_start + tl.arange(0, BLOCK_N)
+        token_mask = tokens < split_end
+        block_ids = tl.load(block_tables_ptr + seq * stride_bt + tokens // PAGE_SIZE, mask=token_mask, other=0)
+        slots = block_ids.to(tl.int64) * PAGE_SIZE + tokens % PAGE_SIZE
+        kv_offsets = slots[:, None] * stride_cache_token + kv_head * stride_cache_head + dims[None, :]
+        # e4m3 values are exact in q's dtype; FP8 scales are applied after the dots.
+        k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if IS_FP8:
+            k_scale = tl.load(k_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+            scores = scores * k_scale[None, :]
+        scores = tl.where(token_mask[None, :], scores * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IS_FP8:
+            v_scale = tl.load(v_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+            p = p * v_scale[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if WRITE_FINAL:
+        out = acc / l_i[:, None]
+        out_offsets = seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=head_mask)
+    else:
+        # A split past the end of a short context saw no tokens: weight it out with lse = -inf.
+        has_tokens = l_i > 0
+        safe_l = tl.where(has_tokens, l_i, 1.0)
+        lse = tl.where(has_tokens, m_i + tl.log2(safe_l), float("-inf"))
+        rows = (seq * num_q_heads + heads) * num_splits + split
+        tl.store(partial_lse_ptr + rows, lse, mask=group_rows < GROUP)
+        tl.store(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / safe_l[:, None], mask=head_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    partial_out_ptr, partial_lse_ptr, out_ptr,
+    stride_ob, stride_oh, num_q_heads, num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    split_mask = splits < num_splits
+    rows = (seq * num_q_heads + head) * num_splits + splits
+    lse = tl.load(partial_lse_ptr + rows, mask=split_mask, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, axis=0))
+    dims = tl.arange(0, HEAD_DIM)
+    partial = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=split_mask[:, None], other=0.0)
+    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D].
+
+    num_splits: how many programs share one sequence's context; None picks it from the
+    launch config and the block table width (an upper bound on the context, known without a sync).
+    """
+    _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    expect_launchable("q", q, "paged_decode_attention_ref")
+    batch, num_q_heads, head_dim = q.shape
+    expect_power_of_two("head_dim", head_dim, 16)
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    params = launch_params("paged_decode_attention", q.device, q.dtype)
+    if num_splits is None:
+        num_splits = _choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, params)
+    elif num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+
+    group = num_q_heads // num_kv_heads
+    is_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    partial_out = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache,
+        k_scale if is_fp8 else k_cache, v_scale if is_fp8 else v_cache,
+        block_tables, context_lens,
+        out, partial_out, partial_lse,
+        scale * LOG2_E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        num_q_heads, num_kv_heads, num_splits,
+        GROUP=group,
+        BLOCK_G=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=block_size,
+        BLOCK_N=params["BLOCK_N"],
+        IS_FP8=is_fp8,
+        WRITE_FINAL=num_splits == 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
+        num_warps=params["num_warps"],
+        num_stages=params["num_stages"],
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, num_q_heads)](
+            partial_out, partial_lse, out,
+            out.stride(0), out.stride(1), num_q_heads, num_splits,
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            num_warps=params["reduce_num_warps"],
+        )
+    return out
+
+
+def _choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, params: dict) -> int:
+    """Enough programs to fill the GPU, but no split shorter than min_tokens_per_split."""
+    wanted_for_occupancy = triton.cdiv(params["target_programs"], batch * num_kv_heads)
+    allowed_by_length = triton.cdiv(max_context_len, params["min_tokens_per_split"])
+    return max(1, min(wanted_for_occupancy, allowed_by_length, params["max_splits"]))
+
+
+def _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale) -> None:
+    expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    expect_shape("context_lens", context_lens, (q.shape[0],))

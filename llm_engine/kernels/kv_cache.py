@@ -1,0 +1,186 @@
+"""Paged KV cache: writing new tokens (with fused FP8 quantization) and the reference reader.
+
+Layout per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim];
+token slot = block_id * block_size + offset. FP8 (e4m3fn) caches carry float32 scales
+[num_blocks, block_size, num_kv_heads], one per (token, kv head).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from llm_engine.kernels._validate import (
+    expect_dtype,
+    expect_kv_scales,
+    expect_last_dim_contiguous,
+    expect_launchable,
+    expect_ndim,
+    expect_shape,
+)
+from llm_engine.kernels.launch_config import launch_params
+
+FP8_E4M3_MAX = 448.0
+# Keeps the scale of an all-zero head finite (x / scale stays 0 instead of NaN).
+FP8_SCALE_MIN = 1e-12
+KV_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+
+
+def quantize_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] -> (e4m3fn values, float32 scales [...]) with scale = amax(|x|) / 448."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1) / FP8_E4M3_MAX).clamp(min=FP8_SCALE_MIN)
+    values = (xf / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return values.to(torch.float8_e4m3fn), scale
+
+
+def dequantize_fp8_ref(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return values.float() * scale[..., None]
+
+
+def write_kv_cache_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write k, v [T, Hkv, D] into the caches at slot_mapping [T] (slot < 0: skip), in place."""
+    _check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    for new, cache, scale in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
+        flat = cache.view(-1, *cache.shape[2:])
+        if cache.dtype == torch.float8_e4m3fn:
+            values, new_scale = quantize_fp8_ref(new)
+            # index_put has no float8 kernel on every backend; the bytes are what matters.
+            flat.view(torch.uint8)[slots] = values.view(torch.uint8)
+            scale.view(-1, scale.shape[2])[slots] = new_scale
+        else:
+            flat[slots] = new.to(cache.dtype)
+
+
+def gather_kv_ref(
+    cache: torch.Tensor,
+    scale: torch.Tensor | None,
+    block_table: torch.Tensor,
+    context_len: int,
+) -> torch.Tensor:
+    """One sequence's first context_len cached tokens as float32 [context_len, Hkv, D]."""
+    block_size = cache.shape[1]
+    blocks = block_table[: triton.cdiv(context_len, block_size)].long()
+    # Gather bytes, not float8 values: index_select has no float8 kernel on every backend.
+    raw = cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+    tokens = raw[blocks].flatten(0, 1)[:context_len].view(cache.dtype).float()
+    if scale is not None:
+        tokens = tokens * scale[blocks].flatten(0, 1)[:context_len, :, None]
+    return tokens
+
+
+@triton.jit
+def _round_to_e4m3(y):
+    """Round float32 y (|y| <= 448) to the nearest e4m3 value, ties to even, in float32.
+
+    The cast of an already representable value is exact everywhere; the interpreter's own
+    float32 -> e4m3 cast loses the carry when rounding overflows the mantissa (1.97 -> 1.0).
+    """
+    exponent = (y.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    # e4m3 has 3 mantissa bits; below 2^-6 it is subnormal with a fixed step of 2^-9.
+    exponent = tl.maximum(exponent, 127 - 6)
+    step = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
+    inverse_step = ((257 - exponent) << 23).to(tl.float32, bitcast=True)
+    # |y / step| < 16: adding and removing 1.5 * 2^23 rounds it to an integer, ties to even.
+    steps = (y * inverse_step + 12582912.0) - 12582912.0
+    return steps * step
+
+
+@triton.jit
+def _write_kv_cache_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head,
+    num_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+    IS_FP8: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_ptr + token)
+    if slot >= 0:
+        heads = tl.arange(0, BLOCK_HEADS)
+        dims = tl.arange(0, HEAD_DIM)
+        head_mask = heads < num_kv_heads
+        mask = head_mask[:, None]
+        k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
+        v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+        k_dst = k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head + dims[None, :]
+        v_dst = v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head + dims[None, :]
+        if IS_FP8:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            # Correctly rounded divisions, so the bytes match quantize_fp8_ref exactly.
+            k_scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(k), axis=1), 448.0), 1e-12)
+            v_scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=1), 448.0), 1e-12)
+            k_q = _round_to_e4m3(tl.clamp(tl.math.div_rn(k, k_scale[:, None]), -448.0, 448.0))
+            v_q = _round_to_e4m3(tl.clamp(tl.math.div_rn(v, v_scale[:, None]), -448.0, 448.0))
+            tl.store(k_dst, k_q.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_dst, v_q.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            # Scales are contiguous [num_slots, num_kv_heads].
+            tl.store(k_scale_ptr + slot * num_kv_heads + heads, k_scale, mask=head_mask)
+            tl.store(v_scale_ptr + slot * num_kv_heads + heads, v_scale, mask=head_mask)
+        else:
+            tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write k, v [T, Hkv, D] into the caches at slot_mapping [T] (slot < 0: skip), in place."""
+    _check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    expect_launchable("k", k, "write_kv_cache_ref")
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    is_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    params = launch_params("write_kv_cache", k.device)
+    _write_kv_cache_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache,
+        k_scale if is_fp8 else k_cache, v_scale if is_fp8 else v_cache,
+        slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_HEADS=triton.next_power_of_2(num_kv_heads),
+        IS_FP8=is_fp8,
+        num_warps=params["num_warps"],
+    )
+
+
+def _check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
+    expect_ndim("k", k, 3, "[num_tokens, num_kv_heads, head_dim]")
+    expect_shape("v", v, k.shape)
+    expect_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    expect_shape("v_cache", v_cache, k_cache.shape)
+    if tuple(k_cache.shape[2:]) != tuple(k.shape[1:]):
+        raise ValueError(
+            f"k_cache [num_kv_heads, head_dim] must be {tuple(k.shape[1:])}, got {tuple(k_cache.shape[2:])}"
+        )
+    expect_dtype("k_cache", k_cache, KV_CACHE_DTYPES)
+    expect_dtype("v_cache", v_cache, (k_cache.dtype,))
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    expect_shape("slot_mapping", slot_mapping, (k.shape[0],))
+    expect_dtype("slot_mapping", slot_mapping, (torch.int64, torch.int32))
+    expect_last_dim_contiguous("k", k)
+    expect_last_dim_contiguous("v", v)
+    expect_kv_scales(k_cache, k_scale, v_scale)

@@ -1,0 +1,51 @@
+"""Per-GPU launch parameters (block sizes, warps, stages, split heuristics) read from JSON data.
+
+`launch_configs/<family>.json` is used when <family> (the file stem) appears in the lower-cased
+CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/interpreter runs,
+use default.json. Each kernel's section holds a "default" entry and optional per-dtype
+overrides ("float32": {...}) for tiles that would not fit in shared memory at 4 bytes an element.
+Values are chosen offline: nothing is autotuned on the hot path.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "launch_configs"
+
+
+def launch_params(kernel: str, device: torch.device, dtype: torch.dtype | None = None) -> dict:
+    """Parameters of one kernel: its "default" entry, overlaid by the entry named after dtype.
+
+    A GPU family's file may leave kernels out; those come from default.json.
+    """
+    section = _config_for(_device_family(device)).get(kernel) or _config_for("default")[kernel]
+    params = dict(section["default"])
+    if dtype is not None:
+        params.update(section.get(str(dtype).removeprefix("torch."), {}))
+    return params
+
+
+def interpreting() -> bool:
+    """Whether kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1 before their import)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _device_family(device: torch.device) -> str:
+    if device.type != "cuda" or interpreting():
+        return "default"
+    name = torch.cuda.get_device_name(device).lower()
+    for path in sorted(CONFIG_DIR.glob("*.json")):
+        if path.stem != "default" and path.stem in name:
+            return path.stem
+    return "default"
+
+
+@functools.cache
+def _config_for(family: str) -> dict:
+    return json.loads((CONFIG_DIR / f"{family}.json").read_text())

@@ -1,0 +1,180 @@
+"""Paged causal attention for prefill: packed variable-length query chunks over cached KV.
+
+Sequence b's queries are the last cu_seqlens_q[b+1] - cu_seqlens_q[b] positions of its
+context_lens[b] tokens, so full prefill, chunked prefill and prefix-cache hits are one case.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from llm_engine.kernels._attention_ref import attend_paged_ref
+from llm_engine.kernels._validate import (
+    expect_dtype,
+    expect_launchable,
+    expect_paged_attention_args,
+    expect_power_of_two,
+    expect_shape,
+)
+from llm_engine.kernels.launch_config import interpreting, launch_params
+
+LOG2_E = 1.4426950408889634
+# UPCAST_DOT: the interpreter's tl.dot multiplies bf16's raw uint16 storage, so under the
+# interpreter bf16 operands go through the dots as float32.
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D]; causal by absolute position."""
+    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale)
+    out = torch.empty_like(q)
+    bounds = cu_seqlens_q.tolist()
+    for b, context_len in enumerate(context_lens.tolist()):
+        start, end = bounds[b], bounds[b + 1]
+        if end > start:
+            out[start:end] = attend_paged_ref(q[start:end], k_cache, v_cache, k_scale, v_scale,
+                                              block_tables[b], context_len, scale).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,
+    out_ptr,
+    qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cache_token, stride_cache_head, stride_bt,
+    batch, num_kv_heads, group,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // group
+    # The grid is sized without reading cu_seqlens on the host (no sync), so each program
+    # finds its (sequence, query tile) from the running sum of per-sequence tile counts.
+    seqs = tl.arange(0, BLOCK_B)
+    seq_mask = seqs < batch
+    seq_starts = tl.load(cu_seqlens_ptr + seqs, mask=seq_mask, other=0)
+    seq_ends = tl.load(cu_seqlens_ptr + seqs + 1, mask=seq_mask, other=0)
+    tiles_per_seq = tl.cdiv(seq_ends - seq_starts, BLOCK_M)
+    tiles_end = tl.cumsum(tiles_per_seq, axis=0)
+    seq = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
+    if seq < batch:
+        first_tile = tl.sum(tl.where(seqs == seq, tiles_end - tiles_per_seq, 0), axis=0)
+        q_begin = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
+        num_queries = tl.load(cu_seqlens_ptr + seq + 1) - q_begin
+        context_len = tl.load(context_lens_ptr + seq)
+        rows = (tile - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = (rows < num_queries)[:, None]
+        q_positions = context_len - num_queries + rows
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + (q_begin + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+                    mask=row_mask, other=0.0)
+        if UPCAST_DOT:
+            q = q.to(tl.float32)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        # Causal: nothing past this tile's last query position is needed.
+        kv_end = tl.minimum(context_len, context_len - num_queries + (tile - first_tile + 1) * BLOCK_M)
+        for tile_start in range(0, kv_end, BLOCK_N):
+            tokens = tile_start + tl.arange(0, BLOCK_N)
+            token_mask = tokens < kv_end
+            block_ids = tl.load(block_tables_ptr + seq * stride_bt + tokens // PAGE_SIZE, mask=token_mask, other=0)
+            slots = block_ids.to(tl.int64) * PAGE_SIZE + tokens % PAGE_SIZE
+            kv_offsets = slots[:, None] * stride_cache_token + kv_head * stride_cache_head + dims[None, :]
+            # e4m3 values are exact in q's dtype; FP8 scales are applied after the dots.
+            k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if IS_FP8:
+                k_scale = tl.load(k_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+                scores = scores * k_scale[None, :]
+            visible = token_mask[None, :] & (tokens[None, :] <= q_positions[:, None])
+            scores = tl.where(visible, scores * qk_scale, float("-inf"))
+            # Every row sees KV position 0 in the first tile, so m_new is finite from then on.
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IS_FP8:
+                v_scale = tl.load(v_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+                p = p * v_scale[None, :]
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        out = acc / l_i[:, None]
+        out_offsets = (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D]; causal by absolute position."""
+    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale)
+    expect_launchable("q", q, "paged_prefill_attention_ref")
+    num_tokens, num_q_heads, head_dim = q.shape
+    expect_power_of_two("head_dim", head_dim, 16)
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    batch = block_tables.shape[0]
+    out = torch.empty_like(q)
+    if num_tokens == 0 or batch == 0:
+        return out
+    params = launch_params("paged_prefill_attention", q.device, q.dtype)
+    block_m = params["BLOCK_M"]
+    is_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    # Each sequence wastes at most one partial tile; programs past the real tiles exit at once.
+    max_tiles = triton.cdiv(num_tokens, block_m) + batch
+    _prefill_kernel[(max_tiles, num_q_heads)](
+        q, k_cache, v_cache,
+        k_scale if is_fp8 else k_cache, v_scale if is_fp8 else v_cache,
+        block_tables, cu_seqlens_q, context_lens,
+        out,
+        scale * LOG2_E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        batch, num_kv_heads, num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=params["BLOCK_N"],
+        BLOCK_B=triton.next_power_of_2(batch),
+        IS_FP8=is_fp8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
+        num_warps=params["num_warps"],
+        num_stages=params["num_stages"],
+    )
+    return out
+
+
+def _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale) -> None:
+    expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    expect_shape("cu_seqlens_q", cu_seqlens_q, (block_tables.shape[0] + 1,))
+    expect_dtype("cu_seqlens_q", cu_seqlens_q, (torch.int32, torch.int64))

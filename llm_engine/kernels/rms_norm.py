@@ -1,0 +1,94 @@
+"""RMSNorm, optionally fused with the residual add that precedes it in a transformer block."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from llm_engine.kernels._validate import (
+    expect_launchable,
+    expect_last_dim_contiguous,
+    expect_ndim,
+    expect_same_device,
+    expect_shape,
+)
+from llm_engine.kernels.launch_config import launch_params
+
+
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> rmsnorm(x) * weight; with residual -> (rmsnorm(x + residual) * weight, x + residual)."""
+    _check_args(x, weight, residual)
+    if residual is not None:
+        x = (x.float() + residual.float()).to(x.dtype)
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+    out = out.to(x.dtype)
+    return out if residual is None else (out, x)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
+    stride_x, stride_residual, stride_out, stride_new_residual,
+    hidden_size, eps,
+    BLOCK_H: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < hidden_size
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0).to(tl.float32)
+        # Round the sum to x's dtype first: the stored residual and the normed value must agree.
+        summed = (x + r).to(new_residual_ptr.dtype.element_ty)
+        tl.store(new_residual_ptr + row * stride_new_residual + cols, summed, mask=mask)
+        x = summed.to(tl.float32)
+    mean_square = tl.sum(x * x, axis=0) / hidden_size
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    out = x * tl.math.rsqrt(mean_square + eps) * w
+    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> rmsnorm(x) * weight; with residual -> (rmsnorm(x + residual) * weight, x + residual)."""
+    _check_args(x, weight, residual)
+    expect_launchable("x", x, "rms_norm_ref")
+    num_tokens, hidden_size = x.shape
+    out = torch.empty_like(x)
+    new_residual = torch.empty_like(x) if residual is not None else out
+    if num_tokens:
+        has_residual = residual is not None
+        residual_arg = residual if has_residual else x
+        params = launch_params("rms_norm", x.device)
+        _rms_norm_kernel[(num_tokens,)](
+            x, residual_arg, weight, out, new_residual,
+            x.stride(0), residual_arg.stride(0), out.stride(0), new_residual.stride(0),
+            hidden_size, eps,
+            BLOCK_H=triton.next_power_of_2(hidden_size),
+            HAS_RESIDUAL=has_residual,
+            num_warps=params["num_warps"],
+        )
+    return out if residual is None else (out, new_residual)
+
+
+def _check_args(x, weight, residual) -> None:
+    expect_ndim("x", x, 2, "[num_tokens, hidden_size]")
+    expect_shape("weight", weight, (x.shape[1],))
+    expect_last_dim_contiguous("x", x)
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous")
+    if residual is not None:
+        expect_shape("residual", residual, x.shape)
+        expect_last_dim_contiguous("residual", residual)
+    expect_same_device(x=x, weight=weight, residual=residual)

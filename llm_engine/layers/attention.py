@@ -1,0 +1,47 @@
+"""Paged attention of one layer: write the step's K/V into the cache, then attend over the cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from llm_engine import ops
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step tensors, shared by every layer of the forward pass."""
+
+    slot_mapping: torch.Tensor         # [T] cache slot (block * block_size + offset) of each new token; < 0: skip
+    block_tables: torch.Tensor         # int32 [B, max_blocks] physical blocks of each sequence
+    context_lens: torch.Tensor         # int32 [B] tokens in each sequence's context, this step's included
+    cu_seqlens_q: torch.Tensor | None  # int32 [B + 1] query offsets; None: decode (one query per sequence)
+
+
+class Attention(nn.Module):
+    """Holds this layer's slice of the KV pool; the model runner binds it with `bind_kv_cache`."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.k_cache = self.v_cache = None
+        self.k_scale = self.v_scale = None
+
+    def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+        self.k_cache, self.v_cache, self.k_scale, self.v_scale = k_cache, v_cache, k_scale, v_scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] (the step's new tokens) -> [T, Hq * D]."""
+        ops.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        if meta.cu_seqlens_q is None:
+            out = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
+                                             self.scale, self.k_scale, self.v_scale)
+        else:
+            out = ops.paged_prefill_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.cu_seqlens_q,
+                                              meta.context_lens, self.scale, self.k_scale, self.v_scale)
+        return out.view(-1, self.num_heads * self.head_dim)

@@ -1,0 +1,255 @@
+"""The synchronous engine: requests in, one batched model step per `step()`, outputs out.
+
+Wires ModelRunner (forward pass), Scheduler + BlockManager (what runs, where its KV lives),
+Sampler (next tokens) and one IncrementalDetokenizer per request (text, stop strings).
+Not thread-safe: AsyncLLMEngine drives it from a single thread.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from llm_engine.block_manager import BlockManager
+from llm_engine.config import EngineConfig
+from llm_engine.detokenizer import IncrementalDetokenizer
+from llm_engine.model_runner import ModelRunner
+from llm_engine.outputs import EngineStats, RequestOutput, RequestStats
+from llm_engine.sampler import Sampler
+from llm_engine.sampling_params import SamplingParams
+from llm_engine.scheduler import Scheduler
+from llm_engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Request:
+    """A validated request and its per-request serving state."""
+
+    request_id: str
+    prompt: str | None
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    stats: RequestStats
+    num_sent_tokens: int = 0  # output tokens already reported (for delta_token_ids)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_runner: ModelRunner | None = None) -> None:
+        """`model_runner` defaults to ModelRunner(config); pass one to share or substitute it."""
+        self.config = config
+        self.model_runner = model_runner if model_runner is not None else ModelRunner(config)
+        self.tokenizer = self.model_runner.tokenizer
+        self.max_model_len = config.max_model_len
+        self.vocab_size = self.model_runner.vocab_size
+        eos = list(self.tokenizer.eos_token_ids)
+        self.block_manager = BlockManager(self.model_runner.num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, eos)
+        self.sampler = Sampler(eos)
+        self._requests: dict[str, Request] = {}
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int] | None = None,
+                    sampling_params: SamplingParams | dict | None = None,
+                    prompt_token_ids: list[int] | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request; it joins the running batch at a coming step.
+
+        Raises ValueError for bad input (nothing is queued) and EngineOverloadedError when the
+        waiting queue is full.
+        """
+        self.enqueue(self.prepare_request(request_id, prompt, sampling_params, prompt_token_ids,
+                                          arrival_time))
+
+    def prepare_request(self, request_id: str, prompt: str | list[int] | None = None,
+                        sampling_params: SamplingParams | dict | None = None,
+                        prompt_token_ids: list[int] | None = None,
+                        arrival_time: float | None = None) -> Request:
+        """Validate and tokenize without touching engine state (safe from any thread)."""
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        params = _resolve_params(sampling_params)
+        text = prompt if isinstance(prompt, str) else None
+        ids = self._prompt_ids(prompt, prompt_token_ids)
+
+        limit = self.max_model_len
+        n = len(ids)
+        if n >= limit:
+            raise ValueError(f"prompt has {n} tokens; it must be shorter than max_model_len={limit} "
+                             "to leave room for at least one output token")
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=limit - n)
+        elif n + params.max_tokens > limit:
+            raise ValueError(f"max_tokens must be <= {limit - n} (max_model_len={limit} minus {n} "
+                             f"prompt tokens), got {params.max_tokens}")
+        if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
+            raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}, "
+                             f"got {max(params.stop_token_ids)}")
+
+        seq = Sequence(token_ids=list(ids), sampling_params=params, request_id=request_id)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
+        stats = RequestStats(arrival_time=arrival, num_prompt_tokens=n)
+        return Request(request_id, text, seq, detok, stats)
+
+    def enqueue(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.scheduler.add(request.seq)
+        self._requests[request.request_id] = request
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish the request with "abort" and free its KV blocks now. None if it is unknown
+        (finished already)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        return self._output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batched model step; outputs for every request that got a new token."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        now = time.monotonic()
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            stats = self._requests[seq.request_id].stats
+            if stats.first_scheduled_time is None:
+                stats.first_scheduled_time = now
+            if n > 1 or seq.num_output_tokens == 0:
+                self._num_prompt_tokens += n
+        sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
+        try:
+            logits = self.model_runner.execute(batch)
+            result = self.sampler(logits, sampled) if sampled else None
+        except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
+            logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
+            return [self._fail(seq, exc) for seq in batch.seqs]
+        if result is None:
+            self.scheduler.postprocess(batch, [], [])
+            return []
+        self.scheduler.postprocess(batch, result.token_ids, result.logprobs)
+        self._num_generation_tokens += len(sampled)
+
+        now = time.monotonic()
+        outputs = []
+        for seq in sampled:
+            req = self._requests[seq.request_id]
+            try:
+                outputs.append(self._process_token(req, now))
+            except Exception as exc:  # e.g. a detokenizer failure: only this request fails
+                logger.exception("post-processing failed for request %s", req.request_id)
+                outputs.append(self._fail(seq, exc))
+        return outputs
+
+    def _process_token(self, req: Request, now: float) -> RequestOutput:
+        seq = req.seq
+        params = seq.sampling_params
+        stats = req.stats
+        stats.token_times.append(now)
+        if stats.first_token_time is None:
+            stats.first_token_time = now
+        # An eos / stop token ends the text without being part of it (as vLLM).
+        if seq.finish_reason != "stop":
+            req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens)
+            if req.detokenizer.stopped:
+                if seq.is_finished:  # hit max_tokens on the very token that completed the stop string
+                    seq.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(seq, "stop")
+        return self._output(req)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
+        self.scheduler.finish(seq, "error")
+        return self._output(self._requests[seq.request_id], error=f"{type(exc).__name__}: {exc}")
+
+    def _output(self, req: Request, error: str | None = None) -> RequestOutput:
+        seq = req.seq
+        finished = seq.is_finished
+        delta_text = req.detokenizer.emit(finished=finished)
+        out_ids = seq.output_token_ids
+        delta_ids = out_ids[req.num_sent_tokens:]
+        req.num_sent_tokens = len(out_ids)
+        req.stats.num_cached_tokens = seq.num_cached_tokens
+        if finished:
+            req.stats.finished_time = time.monotonic()
+            del self._requests[req.request_id]
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
+            text=req.detokenizer.text,
+            delta_text=delta_text,
+            token_ids=out_ids,
+            delta_token_ids=delta_ids,
+            finish_reason=seq.finish_reason if finished else None,
+            logprobs=list(seq.output_logprobs) if seq.sampling_params.logprobs else None,
+            stats=req.stats,
+            error=error,
+        )
+
+    # --- stats --------------------------------------------------------------------------------
+
+    def get_stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_free=bm.num_free_blocks,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_cached_tokens=self.scheduler.num_cached_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+        )
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt, prompt_token_ids) -> list[int]:
+        if prompt_token_ids is None:
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise ValueError("prompt must not be empty")
+                prompt_token_ids = self.tokenizer.encode(prompt)
+            elif prompt is None:
+                raise ValueError("a prompt (text or token ids) or prompt_token_ids is required")
+            else:
+                prompt_token_ids = prompt
+        if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__len__"):
+            raise ValueError(f"prompt token ids must be a list of ints, got {type(prompt_token_ids).__name__}")
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("prompt must not be empty (0 tokens)")
+        if not all(isinstance(t, int) for t in ids):
+            raise ValueError("prompt token ids must all be ints")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), "
+                             f"got min {min(ids)}, max {max(ids)}")
+        return ids
+
+
+def _resolve_params(sampling_params) -> SamplingParams:
+    if sampling_params is None:
+        return SamplingParams()
+    if isinstance(sampling_params, dict):
+        return SamplingParams.from_dict(sampling_params)
+    if isinstance(sampling_params, SamplingParams):
+        return dataclasses.replace(sampling_params)  # own copy, re-validated; max_tokens may be filled in
+    raise ValueError(f"sampling_params must be SamplingParams or a dict, got {type(sampling_params).__name__}")

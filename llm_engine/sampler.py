@@ -1,0 +1,153 @@
+"""Batched next-token sampling over the logits of one step.
+
+Order of processing, per row: min_tokens masking of eos/stop ids -> repetition, frequency and
+presence penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
+take the argmax of the penalised logits. Other rows sample with the exponential-race trick,
+argmax(p / q) with q ~ Exp(1), which draws exactly from p and stays one batched op. A seeded row
+draws its q from a generator seeded by (seed, output position), so its tokens do not depend on
+the rest of the batch, nor on preemption.
+
+Logprobs are those of the distribution the token was drawn from: log_softmax of the logits after
+all processing above (greedy rows: after masking and penalties, temperature 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from llm_engine.sequence import Sequence
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # spreads consecutive positions over the seed space
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float | None]  # per row; None where the request did not ask for them
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: Iterable[int]) -> None:
+        self.eos_token_ids = list(eos_token_ids)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        """`logits` [len(seqs), vocab] for the sampled sequences in batch order (not modified)."""
+        assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
+        params = [s.sampling_params for s in seqs]
+        logits = logits.to(torch.float32, copy=True)
+        self._mask_early_stop(logits, seqs)
+        logits = self._apply_penalties(logits, seqs)
+
+        device = logits.device
+        greedy = torch.tensor([p.temperature == 0 for p in params], device=device)
+        if bool(greedy.all()):
+            chosen = logits.argmax(dim=-1)
+        else:
+            temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+            logits.div_(temps.unsqueeze(1))
+            logits = _apply_top_k_top_p(logits, params)
+            logits = _apply_min_p(logits, params)
+            chosen = torch.where(greedy, logits.argmax(dim=-1), self._draw(logits, seqs))
+
+        token_ids = chosen.tolist()
+        if not any(p.logprobs for p in params):
+            return SamplerOutput(token_ids, [None] * len(seqs))
+        chosen_lp = logits.log_softmax(dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+        return SamplerOutput(token_ids, [lp if p.logprobs else None for lp, p in zip(chosen_lp, params)])
+
+    def _mask_early_stop(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Below min_tokens, eos (unless ignored) and stop_token_ids cannot be sampled."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, seq in enumerate(seqs):
+            p = seq.sampling_params
+            if seq.num_output_tokens >= p.min_tokens:
+                continue
+            ids = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
+            rows += [i] * len(ids)
+            cols += ids
+        if rows:
+            logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        rows = [i for i, s in enumerate(seqs) if _has_penalty(s.sampling_params)]
+        if not rows:
+            return logits
+        device = logits.device
+        vocab = logits.shape[1]
+        params = [seqs[i].sampling_params for i in rows]
+
+        # Padded id tensors; the pad id `vocab` scatters into an extra column that is dropped.
+        def padded(lists: list[list[int]]) -> torch.Tensor:
+            tensors = [torch.tensor(ids, dtype=torch.long) for ids in lists]
+            return pad_sequence(tensors, batch_first=True, padding_value=vocab).to(device)
+
+        out_ids = padded([seqs[i].output_token_ids for i in rows])
+        prompt_ids = padded([seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows])
+        n = len(rows)
+        counts = torch.zeros(n, vocab + 1, device=device)
+        counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=counts.dtype))
+        counts = counts[:, :vocab]
+        in_prompt = torch.zeros(n, vocab + 1, dtype=torch.bool, device=device)
+        in_prompt.scatter_(1, prompt_ids, True)
+        seen = in_prompt[:, :vocab] | (counts > 0)
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, device=device).unsqueeze(1)
+
+        rep = column([p.repetition_penalty for p in params])
+        freq = column([p.frequency_penalty for p in params])
+        pres = column([p.presence_penalty for p in params])
+        index = torch.tensor(rows, device=device)
+        sub = logits[index]
+        penalised = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(seen, penalised, sub)
+        sub = sub - freq * counts - pres * (counts > 0)
+        logits[index] = sub
+        return logits
+
+    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        probs = logits.softmax(dim=-1)
+        q = torch.empty_like(probs).exponential_()
+        for i, seq in enumerate(seqs):
+            p = seq.sampling_params
+            if p.seed is not None and p.temperature != 0:
+                gen = torch.Generator(device=logits.device)
+                gen.manual_seed((p.seed + seq.num_output_tokens * _SEED_MIX) % 2**63)
+                q[i].exponential_(generator=gen)
+        return (probs / q).argmax(dim=-1)
+
+
+def _has_penalty(p) -> bool:
+    return p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, params: list) -> torch.Tensor:
+    vocab = logits.shape[1]
+    # Greedy rows stay unfiltered so their logprobs do not depend on the batch's other rows.
+    top_k = [p.top_k if 0 < p.top_k < vocab and p.temperature != 0 else vocab for p in params]
+    top_p = [p.top_p if p.temperature != 0 else 1.0 for p in params]
+    if all(k == vocab for k in top_k) and all(tp == 1 for tp in top_p):
+        return logits
+    device = logits.device
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)
+    sorted_logits.masked_fill_(ranks >= torch.tensor(top_k, device=device).unsqueeze(1), float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    top_p_t = torch.tensor(top_p, device=device).unsqueeze(1)
+    # Keep the smallest prefix whose mass reaches top_p; the top token always survives.
+    sorted_logits.masked_fill_((mass_before >= top_p_t) & (top_p_t < 1), float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _apply_min_p(logits: torch.Tensor, params: list) -> torch.Tensor:
+    min_p = [p.min_p if p.temperature != 0 else 0.0 for p in params]
+    if not any(min_p):
+        return logits
+    probs = logits.softmax(dim=-1)
+    threshold = torch.tensor(min_p, device=logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, float("-inf"))

