@@ -43,7 +43,7 @@ class LLMEngine:
         self.model_runner = model_runner if model_runner is not None else ModelRunner(config)
         self.tokenizer = self.model_runner.tokenizer
         self.max_model_len = config.max_model_len
-        self.vocab_size = self.model_runner.vocab_size
+        self.vocab_size = config.model_config.vocab_size  # logits width; ids at or above it are invalid
         eos = list(self.tokenizer.eos_token_ids)
         self.block_manager = BlockManager(self.model_runner.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)

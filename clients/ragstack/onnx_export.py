@@ -143,7 +143,8 @@ def make_variant(fp32: Path, precision: str, path: Path) -> None:
         quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, per_channel=True)
 
 
-def compare(onnx_path: Path, module, sample: dict[str, np.ndarray], precision: str) -> Check:
+def compare(onnx_path: Path, module, sample: dict[str, np.ndarray], precision: str) -> tuple[Check, tuple]:
+    """Run the graph and the PyTorch model on the check batch; also return the graph's output shape."""
     import onnxruntime as ort
     import torch
 
@@ -153,11 +154,13 @@ def compare(onnx_path: Path, module, sample: dict[str, np.ndarray], precision: s
     # cosine per row for embeddings; over the whole batch for scores ([N, 1])
     got_rows, want_rows = (got, want) if got.shape[1] > 1 else (got.T, want.T)
     cosine = (got_rows * want_rows).sum(1) / (np.linalg.norm(got_rows, axis=1) * np.linalg.norm(want_rows, axis=1))
-    return Check(float(np.abs(got - want).max()), float(cosine.min()), *TOLERANCE[precision])
+    return Check(float(np.abs(got - want).max()), float(cosine.min()), *TOLERANCE[precision]), got.shape
 
 
-def check_config(config_path: Path, onnx_path: Path) -> None:
-    """Fail unless the graph has exactly the config's tensors (names, dtypes, non-batch dims)."""
+def check_config(config_path: Path, onnx_path: Path, output_shape: tuple) -> None:
+    """Fail unless the graph has exactly the config's tensors (names, dtypes, non-batch dims).
+
+    Output dims come from a run (`output_shape`): the exported graph leaves them symbolic."""
     import onnx
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
@@ -168,15 +171,15 @@ def check_config(config_path: Path, onnx_path: Path) -> None:
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     elem = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.FLOAT: "TYPE_FP32"}
 
-    def tensors(values):
+    def tensors(values, dims=None):
         return {v.name: (elem.get(v.type.tensor_type.elem_type, "?"),
-                         [d.dim_value or -1 for d in v.type.tensor_type.shape.dim][1:]) for v in values}
+                         dims or [d.dim_value or -1 for d in v.type.tensor_type.shape.dim][1:]) for v in values}
 
     def declared(values):
         return {v.name: (model_config_pb2.DataType.Name(v.data_type), list(v.dims)) for v in values}
 
-    for what, graph_side, config_side in (("inputs", graph.input, config.input), ("outputs", graph.output, config.output)):
-        have, want = tensors(graph_side), declared(config_side)
+    for what, have, want in (("inputs", tensors(graph.input), declared(config.input)),
+                             ("outputs", tensors(graph.output, list(output_shape[1:])), declared(config.output))):
         if have != want:
             raise SystemExit(f"{onnx_path}: graph {what} {have} differ from {config_path} {want}")
 
@@ -219,12 +222,12 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
             onnx_path = Path(tmp) / f"{precision}.onnx"
             make_variant(fp32, precision, onnx_path)
         log(f"{name}/{version}: checking against PyTorch")
-        check = compare(onnx_path, module, sample, precision)
+        check, output_shape = compare(onnx_path, module, sample, precision)
         log(f"{name}/{version}: max abs diff {check.max_abs_diff:.2e} (<= {check.tolerance_max_abs_diff:g}), "
             f"min cosine {check.min_cosine:.6f} (>= {check.tolerance_min_cosine:g})")
         if not check.ok:
             raise SystemExit(f"{name}/{version}: the {precision} graph is outside the tolerance; nothing written")
-        check_config(repository / name / "config.pbtxt", onnx_path)
+        check_config(repository / name / "config.pbtxt", onnx_path, output_shape)
         os.replace(onnx_path, out / "model.onnx")
     for file in TOKENIZER_FILES[1:]:
         if (model_dir / file).exists():

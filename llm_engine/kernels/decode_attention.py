@@ -20,8 +20,6 @@ from llm_engine.kernels._validate import (
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634
-# UPCAST_DOT: the interpreter's tl.dot multiplies bf16's raw uint16 storage, so under the
-# interpreter bf16 operands go through the dots as float32.
 # tl.dot needs at least 16 rows, so a GQA group is padded up to this many query heads.
 MIN_DOT_ROWS = 16
 
@@ -76,10 +74,11 @@ def _decode_split_kernel(
     split_end = tl.minimum(split_start + split_len, context_len)
 
     group_rows = tl.arange(0, BLOCK_G)
-    heads = kv_head + group_rows
+    heads = kv_head * GROUP + group_rows
     head_mask = (group_rows < GROUP)[:, None]
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=head_mask, other=0.0)
+    # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
     if UPCAST_DOT:
         q = q.to(tl.float32)
 

@@ -20,8 +20,6 @@ from llm_engine.kernels._validate import (
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634
-# UPCAST_DOT: the interpreter's tl.dot multiplies bf16's raw uint16 storage, so under the
-# interpreter bf16 operands go through the dots as float32.
 
 
 def paged_prefill_attention_ref(
@@ -86,6 +84,7 @@ def _prefill_kernel(
         dims = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + (q_begin + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
                     mask=row_mask, other=0.0)
+        # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
         if UPCAST_DOT:
             q = q.to(tl.float32)
 

@@ -1,10 +1,17 @@
 """Stand-ins shared by the engine tests: a byte-level tokenizer and a deterministic fake model."""
 from __future__ import annotations
 
+import os
+import zlib
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Kernel tests run in Triton's CPU interpreter without a GPU. Read when a @triton.jit kernel
+    # is defined, so it must be set before anything imports llm_engine.kernels.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 EOS = 256
 _SPECIAL = {256: "</s>", 257: "<s>"}
@@ -30,7 +37,8 @@ class ByteTokenizer:
 
 
 class CountingRunner:
-    """A ModelRunner stand-in whose "model" predicts (last token + 1) mod 256 (eos never).
+    """A ModelRunner stand-in whose "model" predicts the next byte: (last + 1) mod 256, and eos
+    after "z". "a" continues "bcd...", "x" continues "yz" then ends.
 
     It checks the ScheduledBatch contract on every call and records each batch's shape.
     """
@@ -52,7 +60,8 @@ class CountingRunner:
             assert len(seq.block_table) * self.block_size >= end, "block table does not cover the chunk"
             assert sample == (end == len(seq))
             if sample:
-                rows.append((seq.token_ids[-1] + 1) % 256)
+                last = seq.token_ids[-1]
+                rows.append(EOS if last == ord("z") else (last + 1) % 256)
         logits = torch.zeros(len(rows), ByteTokenizer.vocab_size)
         logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 20.0
         return logits
@@ -81,3 +90,15 @@ def fake_engine():
         return LLMEngine(cfg, model_runner=CountingRunner(num_kv_blocks, cfg.block_size))
 
     return make
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where kernel tests put their tensors: the GPU when there is one, else the interpreter's CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    """A CPU generator seeded per test case, so every case gets its own reproducible inputs."""
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))

