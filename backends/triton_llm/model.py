@@ -52,8 +52,8 @@ class TritonPythonModel:
         if args.get("model_instance_kind") == "GPU" and config.device in ("auto", "cuda"):
             config.device = f"cuda:{args['model_instance_device_id']}"
 
-        from llm_engine import AsyncLLMEngine, LLMEngine
-        from llm_engine.async_engine import EngineClosedError
+        from llm_engine.async_engine import AsyncLLMEngine, EngineClosedError
+        from llm_engine.llm_engine import LLMEngine
         from llm_engine.scheduler import EngineOverloadedError
 
         self._unavailable_errors = (EngineOverloadedError, EngineClosedError)

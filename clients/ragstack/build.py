@@ -23,6 +23,29 @@ class Step:
 
 # Each build step of the project, in dependency order.
 STEPS: list[Step] = []
+STEPS.append(Step(
+    name="onnx-models",  # embedder v1 fp32 + v2 int8, reranker v1, from the packaged all-MiniLM-L6-v2
+    command=["{python}", "scripts/export_onnx.py", "--defaults"],
+    inputs=["scripts/export_onnx.py", "clients/ragstack/onnx_export.py", "clients/ragstack/onnx_graphs.py",
+            "requirements.lock"],
+    outputs=["model_repository/embedder/1/model.onnx", "model_repository/embedder/2/model.onnx",
+             "model_repository/reranker/1/model.onnx"],
+))
+STEPS.append(Step(
+    name="tiny-checkpoints",  # tiny random Llama / Mistral / Qwen2 HF folders for the engine tests
+    command=["{python}", "scripts/make_tiny_checkpoints.py"],
+    inputs=["scripts/make_tiny_checkpoints.py"],
+    outputs=["checkpoints/tiny-llama/config.json", "checkpoints/tiny-mistral/config.json",
+             "checkpoints/tiny-qwen2/config.json"],
+))
+
+STEPS.append(Step(
+    name="llm-demo-checkpoint",  # the served llm's default weights: a tiny random Qwen2 (see docs/llm_model.md)
+    command=["{python}", "scripts/make_tiny_checkpoints.py", "--out-dir", "model_repository/llm/1",
+             "--only", "tiny-qwen2"],
+    inputs=["scripts/make_tiny_checkpoints.py"],
+    outputs=["model_repository/llm/1/tiny-qwen2/config.json"],
+))
 
 
 def _mtime(path: Path) -> float:

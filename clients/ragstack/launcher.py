@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.error
@@ -82,8 +83,20 @@ def python_stub(install: ServerInstall) -> Path:
     return stub
 
 
+def interpreter_libpython() -> Path | None:
+    """The running interpreter's own shared libpython, when it was built with one (pyenv, conda).
+
+    The stub must embed the same build as the venv's standard library: Debian's 3.11.2 libpython
+    with pyenv's 3.11.7 lib-dynload fails on `import ssl` (undefined symbol)."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    candidate = Path(libdir) / f"libpython{PY_VERSION}.so.1.0" if libdir else None
+    return candidate if candidate is not None and candidate.is_file() else None
+
+
 def check_libpython() -> None:
     """The stub links against the shared libpython of the Python that runs it."""
+    if interpreter_libpython() is not None:
+        return
     name = f"libpython{PY_VERSION}.so.1.0"
     try:
         ctypes.CDLL(name)
@@ -189,9 +202,11 @@ class TritonServer:
 
     def _environment(self, install: ServerInstall) -> dict[str, str]:
         env = dict(os.environ)
+        own_libpython = interpreter_libpython()
+        lib_dirs = [str(own_libpython.parent)] if own_libpython else []
         if install.lib_dir:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+            lib_dirs.append(str(install.lib_dir))
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
         # The stub imports its packages through the `python3` on PATH: make that this venv's.
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -247,12 +262,15 @@ class TritonServer:
         raise LauncherError(f"tritonserver not ready after {self.options.startup_timeout_s:.0f} s; "
                             f"last log lines ({self.log_path}):\n{self.tail_log()}")
 
-    def tail_log(self, lines: int = 30) -> str:
+    def tail_log(self, lines: int = 15) -> str:
+        """The server's error lines (a failed model load says why there), then its last lines."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            text = self.log_path.read_text(errors="replace").splitlines()
         except FileNotFoundError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        errors = [line for line in text if line.startswith("E") or "UNAVAILABLE:" in line]
+        tail = [line for line in text[-lines:] if line not in errors]
+        return "\n".join(errors[-20:] + tail)
 
     def stop(self) -> int | None:
         """SIGINT lets in-flight requests finish (up to exit_timeout_s); then the group is killed."""

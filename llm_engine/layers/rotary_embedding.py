@@ -16,7 +16,8 @@ from llm_engine import ops
 
 def compute_inv_freq(head_dim: int, base: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:
     """float32 [head_dim // 2] inverse frequencies, on CPU (the table is built there once)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # On CPU explicitly (the model is built under a CUDA default device): the same float ops as HF's init.
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     rope_type = rope_scaling["rope_type"] if rope_scaling else "default"
     if rope_type == "linear":
         return inv_freq / rope_scaling["factor"]
@@ -44,7 +45,7 @@ def compute_cos_sin_cache(head_dim: int, max_position: int, base: float,
                           rope_scaling: dict[str, Any] | None) -> torch.Tensor:
     """float32 [max_position, head_dim]: cos of the position's angles in the first half, sin in the second."""
     inv_freq = compute_inv_freq(head_dim, base, rope_scaling)
-    freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    freqs = torch.arange(max_position, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 

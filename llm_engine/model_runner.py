@@ -1,0 +1,273 @@
+"""Runs the model for one ScheduledBatch: step tensors in, logits of the sampled sequences out.
+
+Each step's integer inputs (token ids, positions, cache slots, context lengths, query offsets,
+block tables, the rows to sample) are built with numpy from flat per-sequence lists and packed into
+one int32 array, so a step costs a single host-to-device copy.
+
+Attention: a decode-only batch (one new token per sequence) uses paged decode attention and, on
+CUDA, replays a CUDA graph captured for the next bucketed batch size. Any batch with a longer chunk
+runs every sequence, its decodes included, through paged prefill attention in one launch (a
+sequence's queries are the last tokens of its context, so a decode is a 1-token chunk); splitting
+mixed batches would launch every layer's kernels twice for little gain.
+"""
+from __future__ import annotations
+
+import bisect
+from itertools import chain
+
+import numpy as np
+import torch
+
+from llm_engine.batch import ScheduledBatch
+from llm_engine.config import EngineConfig
+from llm_engine.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
+from llm_engine.layers.attention import AttentionMetadata
+from llm_engine.loader import load_model
+from llm_engine.sequence import Sequence
+from llm_engine.tokenizer import Tokenizer
+
+# Decode graphs cover contexts up to this many tokens (vLLM's max_seq_len_to_capture): their block
+# tables are that wide, and every replay copies and scans the full width. Longer contexts run
+# eagerly, where attention time dwarfs the launch overhead a graph saves.
+GRAPH_MAX_CONTEXT = 8192
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        self.device = config.torch_device
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+        self.block_size = config.block_size
+        self.graph_max_blocks = -(-min(config.max_model_len, GRAPH_MAX_CONTEXT) // config.block_size)
+        self.tokenizer = Tokenizer(self.model_config.path)
+        self.model = load_model(config)
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size,
+                                          config.kv_cache_torch_dtype, self.device)
+        self.kv_cache.bind(self.model.attention_layers)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_batch_sizes: list[int] = []
+        if config.use_cuda_graphs:
+            self.capture_cudagraphs()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.tokenizer.eos_token_ids
+
+    # --- one step -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Write the batch's KV and return float32 logits [num_sampled, vocab], in batch order."""
+        if not batch.seqs:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        if self.graphs and self._fits_graph(batch):
+            return self._execute_graph(batch)
+        return self.execute_eager(batch)
+
+    @torch.inference_mode()
+    def execute_eager(self, batch: ScheduledBatch) -> torch.Tensor:
+        """execute() without CUDA graphs."""
+        prefill = not batch.is_decode_only
+        host, sizes = self._prepare(batch, num_rows=len(batch.seqs), width=None, prefill=prefill)
+        inputs = self._views(self._upload(host), sizes)
+        meta = AttentionMetadata(inputs["slot_mapping"], inputs["block_tables"], inputs["context_lens"],
+                                 inputs["cu_seqlens_q"] if prefill else None)
+        hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
+        return self.model.compute_logits(hidden[inputs["logits_indices"]])
+
+    def _fits_graph(self, batch: ScheduledBatch) -> bool:
+        max_context = self.graph_max_blocks * self.block_size
+        return (batch.is_decode_only and len(batch.seqs) <= self.graph_batch_sizes[-1]
+                and max(s.num_computed_tokens for s in batch.seqs) < max_context)
+
+    def _execute_graph(self, batch: ScheduledBatch) -> torch.Tensor:
+        rows = self.graph_batch_sizes[bisect.bisect_left(self.graph_batch_sizes, len(batch.seqs))]
+        host, sizes = self._prepare(batch, num_rows=rows, width=self.graph_max_blocks, prefill=False)
+        # The graph reads its inputs from fixed addresses: refill them, then replay.
+        self._graph_inputs[: host.size].copy_(self._pinned(host), non_blocking=True)
+        self.graphs[rows].replay()
+        logits_indices = self._views(self._graph_inputs, sizes)["logits_indices"]
+        return self.model.compute_logits(self._graph_hidden[:rows][logits_indices])
+
+    def _prepare(self, batch: ScheduledBatch, num_rows: int, width: int | None,
+                 prefill: bool) -> tuple[np.ndarray, list[tuple[str, int | tuple[int, int]]]]:
+        """The step's packed int32 inputs and their segment sizes.
+
+        num_rows >= len(batch.seqs) pads a decode batch to a graph size (padded rows write no KV
+        and attend over one cached token); width fixes the block-table width (None: the batch's).
+        """
+        seqs, bs = batch.seqs, self.block_size
+        num_seqs = len(seqs)
+        new = np.asarray(batch.num_new_tokens, dtype=np.int64)
+        start, seq_lens, table_lens = np.array(
+            [(s.num_computed_tokens, len(s), len(s.block_table)) for s in seqs], dtype=np.int64).T
+        context_lens = start + new
+        if (context_lens > seq_lens).any():
+            i = int(np.argmax(context_lens > seq_lens))
+            raise ValueError(f"sequence {seqs[i].seq_id} is scheduled up to token {context_lens[i]} "
+                             f"but has {seq_lens[i]} tokens")
+        max_context = int(context_lens.max())
+        if max_context > self.config.max_model_len:
+            raise ValueError(f"a sequence reaches {max_context} tokens; max_model_len is {self.config.max_model_len}")
+        num_blocks = -(-context_lens // bs)
+        if (table_lens < num_blocks).any():
+            i = int(np.argmax(table_lens < num_blocks))
+            raise ValueError(f"sequence {seqs[i].seq_id} has {table_lens[i]} KV blocks for {context_lens[i]} tokens")
+        width = int(num_blocks.max()) if width is None else width
+
+        cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(new, out=cu_seqlens[1:])
+        num_tokens = int(cu_seqlens[-1])
+        seq_of_token = np.repeat(np.arange(num_seqs), new)
+        positions = np.arange(num_tokens) + np.repeat(start - cu_seqlens[:-1], new)
+        input_ids = np.fromiter(
+            chain.from_iterable(s.token_ids[a:a + n] for s, a, n in zip(seqs, start.tolist(), batch.num_new_tokens)),
+            dtype=np.int64, count=num_tokens)
+        block_tables = np.zeros((num_rows, width), dtype=np.int64)
+        block_tables[:num_seqs][np.arange(width) < num_blocks[:, None]] = np.fromiter(
+            chain.from_iterable(s.block_table[:k] for s, k in zip(seqs, num_blocks.tolist())),
+            dtype=np.int64, count=int(num_blocks.sum()))
+        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
+        logits_indices = (cu_seqlens[1:] - 1)[np.asarray(batch.sample, dtype=bool)]
+
+        if num_rows > num_seqs:  # decode padding: one token per row
+            pad = num_rows - num_seqs
+            input_ids = np.pad(input_ids, (0, pad))
+            positions = np.pad(positions, (0, pad))
+            slot_mapping = np.pad(slot_mapping, (0, pad), constant_values=-1)
+            context_lens = np.pad(context_lens, (0, pad), constant_values=1)
+        segments = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slot_mapping),
+                    ("context_lens", context_lens)]
+        if prefill:
+            segments.append(("cu_seqlens_q", cu_seqlens))
+        segments += [("block_tables", block_tables.ravel()), ("logits_indices", logits_indices)]
+        sizes = [(name, a.size) for name, a in segments]
+        sizes[-2] = ("block_tables", (num_rows, width))
+        return np.concatenate([a for _, a in segments]).astype(np.int32), sizes
+
+    @staticmethod
+    def _views(flat: torch.Tensor, sizes: list[tuple[str, int | tuple[int, int]]]) -> dict[str, torch.Tensor]:
+        views, offset = {}, 0
+        for name, size in sizes:
+            if isinstance(size, tuple):
+                rows, width = size
+                views[name] = flat[offset:offset + rows * width].view(rows, width)
+                offset += rows * width
+            else:
+                views[name] = flat[offset:offset + size]
+                offset += size
+        return views
+
+    def _pinned(self, host: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(host)
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _upload(self, host: np.ndarray) -> torch.Tensor:
+        return self._pinned(host).to(self.device, non_blocking=True)
+
+    # --- start-up -------------------------------------------------------------------------------
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.device.type != "cuda":
+            return self.config.cpu_kv_cache_tokens // self.block_size
+        torch.cuda.reset_peak_memory_stats(self.device)
+        # Profile the largest steps the scheduler can issue: their activations must fit next to the pool.
+        self.warmup()
+        block_bytes = bytes_per_block(self.model_config, self.block_size, self.config.kv_cache_torch_dtype)
+        return num_blocks_from_gpu_memory(self.device, self.config.gpu_memory_utilization, block_bytes)
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """One largest prefill step and one widest eager decode step, so their kernels compile before serving."""
+        self._dummy_run(num_tokens=self.config.max_num_batched_tokens, decode=False)
+        self._dummy_run(num_tokens=min(self.config.max_num_seqs, self.config.max_num_batched_tokens), decode=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def _dummy_run(self, num_tokens: int, decode: bool) -> None:
+        """One eager step of placeholder sequences over a scratch KV pool, so no cached block is touched.
+
+        decode: num_tokens sequences of one new token each; else num_tokens prompt tokens in
+        sequences of at most max_model_len.
+        """
+        max_len = self.config.max_model_len
+        if decode:
+            lens, new = [min(2, max_len)] * num_tokens, [1] * num_tokens
+        else:
+            full, rest = divmod(num_tokens, max_len)
+            lens = ([max_len] * full + ([rest] if rest else []))[: self.config.max_num_seqs]
+            new = lens
+        seqs, next_block = [], 0
+        for length, n in zip(lens, new):
+            seq = Sequence(token_ids=[0] * length, sampling_params=None, num_computed_tokens=length - n)
+            num_blocks = -(-length // self.block_size)
+            seq.block_table = list(range(next_block, next_block + num_blocks))
+            next_block += num_blocks
+            seqs.append(seq)
+        scratch = allocate_kv_cache(self.model_config, next_block, self.block_size,
+                                    self.config.kv_cache_torch_dtype, self.device)
+        layers = self.model.attention_layers
+        bound = [(a.k_cache, a.v_cache, a.k_scale, a.v_scale) for a in layers]
+        scratch.bind(layers)
+        try:
+            self.execute_eager(ScheduledBatch(seqs=seqs, num_new_tokens=new, sample=[True] * len(seqs)))
+        finally:
+            for attn, caches in zip(layers, bound):
+                attn.bind_kv_cache(*caches)
+
+    @torch.inference_mode()
+    def capture_cudagraphs(self) -> None:
+        """One graph per batch size 1, 2, 4, ..., max_num_seqs for decode-only steps.
+
+        All graphs read one static int32 input buffer, laid out per size as _prepare packs a
+        decode step (block tables graph_max_blocks wide), and write one static hidden-state buffer.
+        The LM head runs after the replay, on the sampled rows only.
+        """
+        max_bs = self.config.max_num_seqs
+        sizes = sorted({min(1 << i, max_bs) for i in range(max_bs.bit_length() + 1)})
+        self._allocate_graph_buffers(max_bs)
+        pool = None
+        for bs in reversed(sizes):  # largest first: the smaller graphs reuse its memory pool
+            body = self._graph_body(bs)
+            body()  # outside the graph first: Triton compiles (and autotunes) on first launch
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                body()
+            pool = graph.pool() if pool is None else pool
+            self.graphs[bs] = graph
+        self.graph_batch_sizes = sizes
+        torch.cuda.synchronize(self.device)
+
+    def _allocate_graph_buffers(self, max_bs: int) -> None:
+        # Per row: input id, position, slot, context length, block table; then the sampled rows.
+        size = max_bs * (4 + self.graph_max_blocks) + max_bs
+        self._graph_inputs = torch.zeros(size, dtype=torch.int32, device=self.device)
+        self._graph_hidden = torch.empty(max_bs, self.model_config.hidden_size, dtype=self.config.torch_dtype,
+                                         device=self.device)
+
+    def _graph_body(self, bs: int):
+        """The decode forward of `bs` rows over the static buffers, as a graph records it."""
+        inputs = self._views(self._graph_inputs, [("input_ids", bs), ("positions", bs), ("slot_mapping", bs),
+                                                  ("context_lens", bs), ("block_tables", (bs, self.graph_max_blocks))])
+        # Placeholder rows for the warm-up launch (valid block 0, no KV written); replays overwrite them.
+        self._graph_inputs.zero_()
+        inputs["slot_mapping"].fill_(-1)
+        inputs["context_lens"].fill_(1)
+        meta = AttentionMetadata(inputs["slot_mapping"], inputs["block_tables"], inputs["context_lens"], None)
+
+        def body() -> None:
+            self._graph_hidden[:bs] = self.model(inputs["input_ids"], inputs["positions"], meta)
+
+        return body

@@ -1,0 +1,291 @@
+"""The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
+not, HTTP generate and generate_stream, concurrency, cancellation, bad input, overload, unload and
+reload, metrics."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from llm_streams import StreamSession, llm_inputs
+
+GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
+
+
+def generate(url: str, prompt: str, sampling=GREEDY, stream=True, **kw):
+    session = StreamSession(url)
+    try:
+        c = session.send("r0", llm_inputs(prompt, stream=stream, sampling=sampling, **kw))
+        session.wait_all(120)
+    finally:
+        session.close()
+    return c
+
+
+def http_post(url: str, path: str, body: dict) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def sse_events(body: str) -> list[dict]:
+    return [json.loads(line[len("data:"):]) for line in body.splitlines() if line.startswith("data:")]
+
+
+def metric_value(url: str, name: str, model: str = "llm") -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name) and f'model="{model}"' in line and not line.startswith(name + "_bucket"):
+            head = line.split("{")[0]
+            if head == name:
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+    assert found, f"{name} missing from metrics"
+    return total
+
+
+@pytest.fixture(scope="module")
+def server(triton_server):
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    assert client.is_model_ready("llm")
+    client.close()
+    return triton_server
+
+
+def test_grpc_streaming_ends_with_one_final(server):
+    c = generate(server.grpc_url, "The capital of France is")
+    assert not c.errors and c.finals == 1
+    assert c.finish_reasons == ["length"]
+    assert len(c.texts) >= 2  # streamed in pieces
+    assert c.text.strip()
+
+
+def test_grpc_non_streaming_single_response_equals_stream(server):
+    streamed = generate(server.grpc_url, "Hello there", stream=True)
+    single = generate(server.grpc_url, "Hello there", stream=False,
+                      extra={"exclude_input_in_output": (True, "BOOL")})
+    assert len(single.texts) == 1 and single.finals == 1
+    assert single.text == streamed.text
+
+
+def test_non_streaming_prepends_prompt_unless_excluded(server):
+    full = generate(server.grpc_url, "Hello there", stream=False)
+    assert full.text.startswith("Hello there")
+
+
+def test_token_counts_when_asked(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = llm_inputs("count me", stream=False, sampling=GREEDY,
+                        extra={"return_num_input_tokens": (True, "BOOL"), "return_num_output_tokens": (True, "BOOL")})
+    session = StreamSession(server.grpc_url)
+    results = []
+    session._callback = lambda result, error: results.append((result, error))
+    session.client.stop_stream()
+    session.client.start_stream(callback=session._callback)
+    session.client.async_stream_infer("llm", inputs, request_id="n")
+    deadline = time.monotonic() + 60
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.05)
+    session.close()
+    client.close()
+    result, error = results[0]
+    assert error is None
+    assert result.as_numpy("num_output_tokens")[0] == GREEDY["max_tokens"]
+    assert result.as_numpy("num_input_tokens")[0] > 0
+
+
+def test_chat_messages_use_the_chat_template(server):
+    c = generate(server.grpc_url, None, messages=[{"role": "user", "content": "hi"}])
+    assert not c.errors and c.finals == 1 and c.finish_reasons == ["length"]
+
+
+def test_http_generate_and_parameters_fallback(server):
+    status, body = http_post(server.http_url, "/v2/models/llm/generate",
+                             {"text_input": "Hello there", "stream": False, "exclude_input_in_output": True,
+                              "parameters": GREEDY})
+    assert status == 200, body
+    reply = json.loads(body)
+    assert reply["finish_reason"] == "length"
+    assert reply["text_output"] == generate(server.grpc_url, "Hello there").text
+
+
+def test_http_generate_stream_sse(server):
+    status, body = http_post(server.http_url, "/v2/models/llm/generate_stream",
+                             {"text_input": "Hello there", "stream": True, "parameters": GREEDY})
+    assert status == 200, body
+    events = sse_events(body)
+    for event in events:  # with SSE an error can arrive after the 200
+        assert "error" not in event, event
+    assert len(events) >= 2
+    assert events[-1]["finish_reason"] == "length"
+    assert "".join(e["text_output"] for e in events) == generate(server.grpc_url, "Hello there").text
+
+
+def test_32_concurrent_streams_match_alone(server):
+    prompts = [f"request number {i} says" for i in range(32)]
+    alone = {p: generate(server.grpc_url, p).text for p in prompts[:4]}
+    session = StreamSession(server.grpc_url)
+    try:
+        collected = {p: session.send(f"c{i}", llm_inputs(p, sampling=GREEDY)) for i, p in enumerate(prompts)}
+        session.wait_all(300)
+    finally:
+        session.close()
+    assert not session.errors
+    for p, c in collected.items():
+        assert c.finals == 1 and c.finish_reasons == ["length"], (p, c)
+    for p, text in alone.items():
+        assert collected[p].text == text  # greedy: batching does not change the tokens
+
+
+def test_cancellation_mid_stream_frees_blocks(server):
+    session = StreamSession(server.grpc_url)
+    c = session.send("long", llm_inputs("a long answer", sampling={"temperature": 0.0, "max_tokens": 1500,
+                                                                    "ignore_eos": True}))
+    deadline = time.monotonic() + 60
+    while len(c.texts) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(c.texts) >= 3
+    session.close(cancel=True)
+    # The sequence is aborted in the engine: no request runs, every KV block is free again.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if (metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_used") == 0
+                and metric_value(server.metrics_url, "triton_llm_num_requests_running") == 0):
+            break
+        time.sleep(0.3)
+    assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_used") == 0
+    assert metric_value(server.metrics_url, "triton_llm_num_requests_running") == 0
+    assert len(c.texts) < 1500
+
+
+BAD_INPUTS = [
+    # case, inputs, the word the error must name
+    ("missing text_input", dict(prompt=None), "text_input"),
+    ("bad JSON", dict(sampling_parameters="{not json"), "sampling_parameters"),
+    ("unknown key", dict(sampling={"temprature": 0.5}), "temprature"),
+    ("negative temperature", dict(sampling={"temperature": -1.0}), "temperature"),
+    ("top_p out of range", dict(sampling={"top_p": 1.5}), "top_p"),
+    ("prompt over the limit", dict(prompt="word " * 5000), "max_model_len"),
+    ("max_tokens beyond context", dict(max_tokens=100000), "max_tokens"),
+    ("empty prompt", dict(prompt=""), "text_input"),
+    ("bad messages", dict(prompt=None, messages=[{"role": "user"}]), "messages"),
+]
+
+
+@pytest.mark.parametrize("case, inputs, field", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_invalid_arg(server, case, inputs, field):
+    args = {"prompt": "hello", **inputs}
+    prompt = args.pop("prompt")
+    raw_params = args.pop("sampling_parameters", None)
+    extra = {"sampling_parameters": (raw_params.encode(), "BYTES")} if raw_params else None
+    session = StreamSession(server.grpc_url)
+    try:
+        c = session.send("bad", llm_inputs(prompt, extra=extra, **args))
+        session.wait_all(60)
+    finally:
+        session.close()
+    assert c.finals == 1 and len(c.errors) == 1, case
+    assert field in c.errors[0], c.errors[0]
+
+    # The gRPC stream drops the status code; the HTTP generate endpoint shows it: 400 = INVALID_ARG.
+    body = {"stream": False}
+    if prompt is not None:
+        body["text_input"] = prompt
+    if "messages" in args:
+        body["messages"] = json.dumps(args["messages"])
+    if "sampling" in args:
+        body["sampling_parameters"] = json.dumps(args["sampling"])
+    if raw_params:
+        body["sampling_parameters"] = raw_params
+    if "max_tokens" in args:
+        body["max_tokens"] = args["max_tokens"]
+    status, text = http_post(server.http_url, "/v2/models/llm/generate", body)
+    assert status == 400 and field in text, (status, text)
+    assert generate(server.grpc_url, "still serving").finals == 1
+
+
+def test_overload_is_unavailable(server):
+    """llm_small_queue (tests/fixtures) runs the same checkpoint with max_waiting=2, max_num_seqs=1."""
+    session = StreamSession(server.grpc_url)
+    try:
+        sends = [session.send(f"o{i}", llm_inputs("overload", sampling={"temperature": 0.0, "max_tokens": 40,
+                                                                         "ignore_eos": True}),
+                              model="llm_small_queue") for i in range(8)]
+        deadline = time.monotonic() + 120
+        while len(session.errors) + sum(c.done.is_set() and not c.errors for c in sends) < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        session.close()
+    assert session.errors, "no request was refused"
+    assert all("waiting queue is full" in e and "max_waiting=2" in e for e in session.errors)
+    # Once the load drops the same model serves again.
+    again = StreamSession(server.grpc_url)
+    c = again.send("after", llm_inputs("recovered", sampling=GREEDY), model="llm_small_queue")
+    again.wait_all(60)
+    again.close()
+    assert c.finals == 1 and not c.errors
+
+
+def test_metrics_move(server):
+    names = ["triton_llm_prompt_tokens_total", "triton_llm_generation_tokens_total",
+             "triton_llm_time_to_first_token_seconds_count", "triton_llm_time_per_output_token_seconds_count",
+             "triton_llm_e2e_request_latency_seconds_count", "triton_llm_requests_finished_total"]
+    before = {n: metric_value(server.metrics_url, n) for n in names}
+    generate(server.grpc_url, "metrics please")
+    after = {n: metric_value(server.metrics_url, n) for n in names}
+    for n in names:
+        assert after[n] > before[n], n
+    assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_total") > 0
+    metric_value(server.metrics_url, "triton_llm_num_requests_waiting")
+
+
+def test_preemption_metric_moves_under_a_tiny_kv_pool(server):
+    """llm_small_queue has a 64-token KV pool: two long requests cannot both fit."""
+    before = metric_value(server.metrics_url, "triton_llm_preemptions_total", "llm_small_queue")
+    session = StreamSession(server.grpc_url)
+    try:
+        cs = [session.send(f"p{i}", llm_inputs("tiny pool", sampling={"temperature": 0.0, "max_tokens": 40,
+                                                                       "ignore_eos": True}),
+                           model="llm_small_queue") for i in range(2)]
+        session.wait_all(120)
+    finally:
+        session.close()
+    assert all(c.finals == 1 and not c.errors for c in cs)
+    time.sleep(1.5)  # gauges and counters are refreshed once a second
+    assert metric_value(server.metrics_url, "triton_llm_preemptions_total", "llm_small_queue") > before
+
+
+def test_unload_and_reload_during_and_after_traffic(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    session = StreamSession(server.grpc_url)
+    cs = [session.send(f"u{i}", llm_inputs("unload me", sampling={"temperature": 0.0, "max_tokens": 30,
+                                                                   "ignore_eos": True})) for i in range(4)]
+    time.sleep(0.3)
+    unloader = threading.Thread(target=client.unload_model, args=("llm",))
+    unloader.start()
+    session.wait_all(120)
+    unloader.join(60)
+    session.close()
+    for c in cs:  # each finished normally or ended with a clear error, always with one FINAL
+        assert c.finals == 1
+        assert c.finish_reasons == ["length"] or c.errors
+    deadline = time.monotonic() + 60
+    while client.is_model_ready("llm") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for _ in range(2):
+        client.load_model("llm")
+        assert client.is_model_ready("llm")
+        assert generate(server.grpc_url, "back again").finals == 1
+    client.close()

