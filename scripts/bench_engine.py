@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip the HF baseline")
     parser.add_argument("--max-model-len", type=int, default=17408)
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--record", type=Path, default=ROOT / "docs" / "benchmarks.md",
+    parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
                         help="append the table here (empty to skip)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "bandwidth": bandwidth,
                                          "roofline_a": roof, "gpu": gpu}, indent=1))
-    if args.record and str(args.record):
+    if args.record:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
             f.write(f"\n## Engine in-process vs HF generate ({stamp})\n\nMachine: {gpu}, {platform.node()}; "
