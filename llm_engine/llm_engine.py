@@ -30,6 +30,7 @@ class Request:
 
     request_id: str
     prompt: str | None
+    prompt_token_ids: list[int]  # shared by every output of the request, so never copied per step
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     stats: RequestStats
@@ -96,7 +97,7 @@ class LLMEngine:
         seq = Sequence(token_ids=list(ids), sampling_params=params, request_id=request_id)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
         stats = RequestStats(arrival_time=arrival, num_prompt_tokens=n)
-        return Request(request_id, text, seq, detok, stats)
+        return Request(request_id, text, ids, seq, detok, stats)
 
     def enqueue(self, request: Request) -> None:
         if request.request_id in self._requests:
@@ -193,7 +194,7 @@ class LLMEngine:
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
-            prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
+            prompt_token_ids=req.prompt_token_ids,
             text=req.detokenizer.text,
             delta_text=delta_text,
             token_ids=out_ids,

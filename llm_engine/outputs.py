@@ -55,7 +55,7 @@ class RequestOutput:
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # one list shared by all outputs of the request: read-only
     text: str
     delta_text: str
     token_ids: list[int]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import random
 import subprocess
@@ -88,7 +89,7 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
     llm = LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len)
     prompts = [ids for ids, _ in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
-    llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * 2)  # warm-up
+    llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 8)
@@ -156,10 +157,12 @@ def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int) -> fl
 
 
 def git_commit() -> str:
+    """The checkout's commit; a copy without .git (the GPU machine) passes it as RAGSTACK_COMMIT."""
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("RAGSTACK_COMMIT", "unknown")
 
 
 def main(argv: list[str] | None = None) -> int:

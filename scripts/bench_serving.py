@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import shutil
@@ -198,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
         except ImportError:
             machine = "CPU"
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
+        commit = (subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                 text=True).stdout.strip() or os.environ.get("RAGSTACK_COMMIT", "unknown"))
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
             f.write(f"\n## LLM through Triton vs in-process ({stamp})\n\nMachine: {machine}, {platform.node()}; "

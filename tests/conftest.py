@@ -2,24 +2,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 import pytest
 
-from ragstack.launcher import DEFAULT_REPOSITORIES, ServerOptions, TritonServer, free_port
-
-TESTS = Path(__file__).resolve().parent
-FIXTURE_REPOSITORY = TESTS / "fixtures" / "model_repository"
+from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
+from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def free_server_options(**overrides) -> ServerOptions:
-    options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            exit_timeout_s=10)
-    for key, value in overrides.items():
-        setattr(options, key, value)
-    return options
 
 
 @pytest.fixture(scope="session")

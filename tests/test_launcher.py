@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import FIXTURE_REPOSITORY, free_server_options
+from server_helpers import FIXTURE_REPOSITORY, free_server_options
 from ragstack.launcher import LauncherError, TritonServer, find_server_install
 
 

@@ -146,3 +146,30 @@ def test_tokenizer_steps_match_their_models():
         assert [o.name for o in config(tokenizer).output][:3] == [i.name for i in config(model).input]
     record = json.loads((REPOSITORY / "embedder" / "1" / "export.json").read_text())
     assert record["max_length"] == 256  # all-MiniLM-L6-v2's max_seq_length
+
+
+def test_bge_style_cls_pooling_embedder_matches_sentence_transformers(tmp_path):
+    """A sentence-transformers folder with [CLS] pooling (as bge) exports with that pooling."""
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    encoder_dir, folder = tmp_path / "encoder", tmp_path / "tiny-bge"
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(encoder_dir)
+    for name in TOKENIZER_FILES:
+        if (MINILM / name).exists():
+            shutil.copy(MINILM / name, encoder_dir / name)
+    transformer = models.Transformer(str(encoder_dir), max_seq_length=128)
+    st = SentenceTransformer(modules=[transformer, models.Pooling(32, "cls"), models.Normalize()], device="cpu")
+    st.save(str(folder))
+    (tmp_path / "repo" / "tiny").mkdir(parents=True)
+    (tmp_path / "repo" / "tiny" / "config.pbtxt").write_text(
+        (REPOSITORY / "embedder" / "config.pbtxt").read_text().replace("dims: [ 384 ]", "dims: [ 32 ]"))
+
+    record = export(folder, tmp_path / "repo", "tiny", 1)
+    assert (record["kind"], record["pooling"], record["max_length"]) == ("embedder", "cls", 128)
+    texts = [QUERY, *PASSAGES]
+    got = run(tmp_path / "repo" / "tiny" / "1", Tokenizer.from_file(str(tmp_path / "repo" / "tiny" / "1" / "tokenizer.json"))
+              .encode_batch(texts))
+    np.testing.assert_allclose(got, st.encode(texts), atol=1e-5)

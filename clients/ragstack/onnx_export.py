@@ -63,15 +63,36 @@ def detect_kind(model_dir: Path) -> str:
 
 
 def max_length(model_dir: Path) -> int:
-    """The model's token limit: sentence-transformers' max_seq_length, else the tokenizer's, capped by positions."""
+    """The model's token limit: sentence-transformers' max_seq_length, else the tokenizer's (where newer
+    sentence-transformers save it), capped by the position embeddings."""
     config = json.loads((model_dir / "config.json").read_text())
     limit = config["max_position_embeddings"]
     st_config, tok_config = model_dir / "sentence_bert_config.json", model_dir / "tokenizer_config.json"
-    if st_config.exists():
-        return min(limit, json.loads(st_config.read_text())["max_seq_length"])
+    if st_config.exists() and "max_seq_length" in (st := json.loads(st_config.read_text())):
+        return min(limit, st["max_seq_length"])
     if tok_config.exists():
         return min(limit, int(json.loads(tok_config.read_text()).get("model_max_length", limit)))
     return limit
+
+
+def pooling(model_dir: Path) -> str:
+    """sentence-transformers' pooling of the folder (its Pooling module's config): "mean" or "cls".
+
+    Reads both formats: `pooling_mode: "cls"` and the older `pooling_mode_cls_token: true` flags.
+    A folder without a Pooling module is mean-pooled."""
+    modules = model_dir / "modules.json"
+    for module in json.loads(modules.read_text()) if modules.exists() else []:
+        if module["type"].endswith("Pooling"):
+            config = json.loads((model_dir / module["path"] / "config.json").read_text())
+            modes = config.get("pooling_mode") or [key.removeprefix("pooling_mode_") for key, on in config.items()
+                                                   if key.startswith("pooling_mode_") and on]
+            modes = [modes] if isinstance(modes, str) else modes
+            if modes in (["mean"], ["mean_tokens"]):
+                return "mean"
+            if modes in (["cls"], ["cls_token"]):
+                return "cls"
+            raise ValueError(f"{model_dir}: pooling {modes} is not supported (mean or cls)")
+    return "mean"
 
 
 def tokenizer_for(model_dir: Path, limit: int):
@@ -97,8 +118,8 @@ def _special_token(model_dir: Path, key: str) -> str:
     raise ValueError(f"{model_dir}: no {key} in special_tokens_map.json or tokenizer_config.json")
 
 
-def check_batch(tok, kind: str) -> dict[str, np.ndarray]:
-    encodings = tok.encode_batch([(CHECK_QUERY, t) for t in CHECK_TEXTS] if kind != "embedder" else list(CHECK_TEXTS))
+def check_batch(tok, kind: str, texts=CHECK_TEXTS) -> dict[str, np.ndarray]:
+    encodings = tok.encode_batch([(CHECK_QUERY, t) for t in texts] if kind != "embedder" else list(texts))
     return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
@@ -107,32 +128,30 @@ def check_batch(tok, kind: str) -> dict[str, np.ndarray]:
 def load_graph(model_dir: Path, kind: str, tok):
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    from ragstack.onnx_graphs import CrossEncoderScorer, MeanPoolEmbedder, PairCosineReranker
+    from ragstack.onnx_graphs import CrossEncoderScorer, Embedder, PairCosineReranker
 
     # eager attention: the explicit matmul/softmax graph every ONNX Runtime execution provider fuses
     if kind == "cross-encoder":
         module = CrossEncoderScorer(AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager"))
     elif kind == "embedder":
-        module = MeanPoolEmbedder(AutoModel.from_pretrained(model_dir, attn_implementation="eager"))
+        module = Embedder(AutoModel.from_pretrained(model_dir, attn_implementation="eager"), pooling(model_dir))
     else:
         module = PairCosineReranker(AutoModel.from_pretrained(model_dir, attn_implementation="eager"), tok.encode("").ids[0])
     return module.eval(), ("embedding" if kind == "embedder" else "scores")
 
 
-def export_fp32(module, output: str, sample: dict[str, np.ndarray], path: Path) -> None:
+def export_fp32(module, output: str, dummy: dict[str, np.ndarray], path: Path) -> None:
     import torch
 
     from ragstack.onnx_graphs import INPUT_NAMES
 
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES} | {output: {0: "batch"}}
-    # a smaller dummy batch than the check batch, so the check also exercises the dynamic axes
-    args = tuple(torch.from_numpy(sample[name][:2]) for name in INPUT_NAMES)
+    args = tuple(torch.from_numpy(dummy[name]) for name in INPUT_NAMES)
     with warnings.catch_warnings():
         # tracer warnings about branches that are constant for encoder inputs; compare() checks the result
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET,
                           input_names=list(INPUT_NAMES), output_names=[output], dynamic_axes=axes)
-    module.eval()  # the exporter restores the wrapper's training flag, which was never set
 
 
 def make_variant(fp32: Path, precision: str, path: Path) -> None:
@@ -205,6 +224,8 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
     limit = limit or max_length(model_dir)
     out = repository / name / str(version)
     settings = {"kind": kind, "precision": precision, "max_length": limit, "opset": OPSET}
+    if kind == "embedder":
+        settings["pooling"] = pooling(model_dir)
     stamp = fingerprint(model_dir, settings)
     record_path = out / "export.json"
     if (out / "model.onnx").exists() and record_path.exists() and json.loads(record_path.read_text())["fingerprint"] == stamp:
@@ -220,7 +241,8 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         log(f"{name}/{version}: exporting to ONNX (opset {OPSET})")
-        export_fp32(module, output, sample, fp32)
+        # traced on a smaller batch, shorter rows than the check batch: the check covers the dynamic axes
+        export_fp32(module, output, check_batch(tok, kind, CHECK_TEXTS[:2]), fp32)
         onnx_path = fp32
         if precision != "fp32":
             log(f"{name}/{version}: converting to {precision}")

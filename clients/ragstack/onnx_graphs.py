@@ -2,8 +2,8 @@
 
 Every graph takes what the `tokenizer` backend produces — `input_ids`, `attention_mask`,
 `token_type_ids`, int64 [N, S], right-padded — and returns one float32 tensor:
-  embedder        -> `embedding` [N, D]: mean pooling over real tokens, then L2 normalisation
-                     (sentence-transformers' Pooling(mean) + Normalize, inside the graph);
+  embedder        -> `embedding` [N, D]: mean pooling over real tokens (or the [CLS] token, as bge
+                     pools), then L2 normalisation: sentence-transformers' Pooling + Normalize;
   cross-encoder   -> `scores` [N, 1]: the relevance logit of a *ForSequenceClassification model;
   pair-cosine     -> `scores` [N, 1]: a bi-encoder in the cross-encoder interface (see PairCosineReranker).
 Each graph first drops the padding columns that no row of the batch uses, so requests padded to a
@@ -31,16 +31,22 @@ def mean_pool(hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
 
-class MeanPoolEmbedder(nn.Module):
-    def __init__(self, encoder: nn.Module):
+class Embedder(nn.Module):
+    POOLINGS = ("mean", "cls")
+
+    def __init__(self, encoder: nn.Module, pooling: str):
         super().__init__()
+        if pooling not in self.POOLINGS:
+            raise ValueError(f"pooling {pooling!r} is not supported; one of {self.POOLINGS}")
         self.encoder = encoder
+        self.pooling = pooling
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         input_ids, attention_mask, token_type_ids = drop_common_padding(input_ids, attention_mask, token_type_ids)
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids).last_hidden_state
-        return F.normalize(mean_pool(hidden, attention_mask), dim=-1)
+        pooled = mean_pool(hidden, attention_mask) if self.pooling == "mean" else hidden[:, 0]
+        return F.normalize(pooled, dim=-1)
 
 
 class CrossEncoderScorer(nn.Module):

@@ -4,10 +4,12 @@
 CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/interpreter runs,
 use default.json. Each kernel's section holds a "default" entry and optional per-dtype
 overrides ("float32": {...}) for tiles that would not fit in shared memory at 4 bytes an element.
-Values are chosen offline: nothing is autotuned on the hot path.
+Values are chosen offline: nothing is autotuned on the hot path. `override_launch_params` lets
+a benchmark sweep try other values without editing the JSON.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -16,10 +18,12 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).parent / "launch_configs"
+_overrides: dict[str, dict] = {}
 
 
 def launch_params(kernel: str, device: torch.device, dtype: torch.dtype | None = None) -> dict:
-    """Parameters of one kernel: its "default" entry, overlaid by the entry named after dtype.
+    """Parameters of one kernel: its "default" entry, overlaid by the entry named after dtype,
+    then by any override_launch_params in force.
 
     A GPU family's file may leave kernels out; those come from default.json.
     """
@@ -27,7 +31,26 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype | None =
     params = dict(section["default"])
     if dtype is not None:
         params.update(section.get(str(dtype).removeprefix("torch."), {}))
+    override = _overrides.get(kernel, {})
+    unknown = set(override) - set(params)
+    if unknown:
+        raise KeyError(f"{kernel} has no launch parameters {sorted(unknown)}; it has {sorted(params)}")
+    params.update(override)
     return params
+
+
+@contextlib.contextmanager
+def override_launch_params(kernel: str, **params):
+    """Within the block, launches of kernel use params over its configured values (not thread-safe)."""
+    previous = _overrides.get(kernel)
+    _overrides[kernel] = {**(previous or {}), **params}
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _overrides[kernel]
+        else:
+            _overrides[kernel] = previous
 
 
 def interpreting() -> bool:

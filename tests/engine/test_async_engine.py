@@ -6,10 +6,12 @@ import threading
 
 import pytest
 
+from llm_engine import LLM
 from llm_engine.async_engine import AsyncLLMEngine, EngineClosedError
 from llm_engine.outputs import RequestFailedError
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import EngineOverloadedError
+from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ def test_a_cancelled_consumer_aborts_its_request(make_async):
     done = threading.Event()
 
     async def main():
-        stream = engine.add_request("r", "a", params(max_tokens=100_000 // 1000, ignore_eos=True))
+        stream = engine.add_request("r", "a", params(max_tokens=100, ignore_eos=True))
 
         async def consume():
             async for _ in stream:
@@ -111,18 +113,19 @@ def test_bad_input_raises_at_add_request_and_others_keep_streaming(make_async):
 
 
 def test_overload_is_reported_when_the_waiting_queue_is_full(make_async):
-    engine = make_async(max_waiting=1)
+    engine = make_async(max_waiting=1, max_num_seqs=1)
 
     async def main():
-        with engine._lock:  # hold the inbox so nothing is admitted meanwhile
-            first = engine.add_request("a", "a", params(max_tokens=2))
-            with pytest.raises(EngineOverloadedError, match="max_waiting=1"):
-                engine.add_request("b", "a", params(max_tokens=2))
-        return await collect(first)
+        first = engine.add_request("first", "a", params(max_tokens=100, ignore_eos=True))
+        await first.__anext__()  # running now: with max_num_seqs=1 the next one must wait
+        second = engine.add_request("second", "a", params(max_tokens=2))
+        with pytest.raises(EngineOverloadedError, match="max_waiting=1"):
+            engine.add_request("third", "a", params(max_tokens=2))
+        engine.abort("first")
+        return await collect(first), await collect(second)
 
-    with pytest.raises(RuntimeError):  # the lock is not re-entrant: show the test holds it
-        threading.Lock().release()
-    assert asyncio.run(main())[-1].finished
+    first, second = asyncio.run(main())
+    assert first[-1].finish_reason == "abort" and second[-1].text == "bc"
 
 
 def test_a_failed_request_raises_and_the_loop_serves_on(make_async):
@@ -163,3 +166,30 @@ def test_shutdown_timeout_aborts_what_is_left(make_async):
     outs = asyncio.run(main())
     assert outs[-1].finish_reason == "abort"
     assert engine.engine.get_stats().kv_blocks_used == 0
+
+
+def test_streaming_a_real_model(tiny_checkpoints):
+    llm = LLM(str(tiny_checkpoints["tiny-qwen2"]), device="cpu", max_model_len=256)
+    prompts = ["The quick brown fox", "Each request is split into tokens."]
+    p = params(max_tokens=24, ignore_eos=True)
+    expected = [o.text for o in llm.generate(prompts, p)]
+    engine = AsyncLLMEngine(llm.engine)
+    try:
+        async def main():
+            streams = [engine.add_request(f"r{i}", prompt, p) for i, prompt in enumerate(prompts)]
+            aborted = engine.add_request("aborted", prompts[0], params(max_tokens=200, ignore_eos=True))
+            outs = []
+            async for out in aborted:
+                outs.append(out)
+                if len(outs) == 2:
+                    engine.abort("aborted")
+            return await asyncio.gather(*(collect(s) for s in streams)), outs
+
+        done, aborted = asyncio.run(main())
+    finally:
+        engine.shutdown(timeout=5)
+    for outs, text in zip(done, expected):
+        assert "".join(o.delta_text for o in outs) == outs[-1].text == text
+        assert outs[-1].finish_reason == "length"
+    assert aborted[-1].finish_reason == "abort" and len(aborted[-1].token_ids) < 200
+    assert llm.engine.get_stats().kv_blocks_used == 0

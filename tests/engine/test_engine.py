@@ -1,9 +1,17 @@
 """LLMEngine / LLM: engine logic on a deterministic fake model, then real tiny models on the CPU."""
 from __future__ import annotations
 
-import pytest
+import copy
+import dataclasses
+import functools
+from pathlib import Path
 
+import pytest
+import torch
+
+from llm_engine import LLM
 from llm_engine.sampling_params import SamplingParams
+from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 GREEDY = dict(temperature=0)
 
@@ -199,3 +207,152 @@ def test_request_and_engine_stats(fake_engine):
     assert es.num_generation_tokens == 7 and es.num_cached_tokens == 8
     assert es.num_prompt_tokens == 10 + 3  # b's cached 8 tokens were not computed
     assert es.kv_blocks_total == 64 and es.kv_blocks_used + es.kv_blocks_free == 64
+
+
+# --- real tiny checkpoints on the CPU ---------------------------------------------------------
+
+MODELS = ["tiny-llama", "tiny-mistral", "tiny-qwen2"]
+PROMPTS = [
+    "The quick brown fox",
+    "Retrieval augmented generation combines a search engine with a language model, and the server",
+    "A",
+]
+
+
+@pytest.fixture
+def tiny_llm(tiny_checkpoints):
+    """tiny_llm(name="tiny-llama", **config) -> an LLM on the CPU."""
+    def make(name: str = "tiny-llama", **config) -> LLM:
+        config.setdefault("device", "cpu")
+        config.setdefault("max_model_len", 256)
+        return LLM(str(tiny_checkpoints[name]), **config)
+
+    return make
+
+
+def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    model = _hf_model(path)
+    generation = copy.deepcopy(model.generation_config)
+    generation.eos_token_id = None  # exactly max_new_tokens, as ignore_eos
+    generation.pad_token_id = 0
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             generation_config=generation, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt_ids):].tolist()
+
+
+@functools.cache
+def _hf_model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def ids_by_request(outputs) -> list[list[int]]:
+    return [o.token_ids for o in outputs]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_matches_hf_transformers(name, tiny_llm, tiny_checkpoints):
+    # A 32-token budget splits the long prompt into chunks next to the others' decodes.
+    llm = tiny_llm(name, max_num_batched_tokens=32)
+    params = SamplingParams(max_tokens=12, ignore_eos=True, **GREEDY)
+    outputs = llm.generate(PROMPTS, params)
+    for prompt, out in zip(PROMPTS, outputs):
+        ids = llm.tokenizer.encode(prompt)
+        assert out.prompt_token_ids == ids
+        assert out.token_ids == hf_greedy(tiny_checkpoints[name], ids, 12), prompt
+        # incremental detokenization agrees with decoding the whole output at once
+        assert out.text == llm.tokenizer.decode(out.token_ids)
+
+
+def test_a_sequence_in_a_continuous_batch_decodes_as_alone(tiny_llm):
+    llm = tiny_llm(max_num_batched_tokens=24)
+    prompts = [p * k for p, k in zip(PROMPTS, (3, 1, 5))] + ["Each request is split into tokens."]
+    lengths = [14, 9, 20, 6]
+    alone = [llm.generate([p], SamplingParams(max_tokens=n, ignore_eos=True, **GREEDY))[0].token_ids
+             for p, n in zip(prompts, lengths)]
+
+    engine = llm.engine
+    arrivals = {0: [0], 2: [1], 3: [2], 7: [3]}  # step -> requests joining the running batch
+    outs: dict[str, list[int]] = {}
+    step = 0
+    while step <= max(arrivals) or engine.has_unfinished_requests():
+        for i in arrivals.get(step, []):
+            engine.add_request(f"r{i}", prompts[i], SamplingParams(max_tokens=lengths[i], ignore_eos=True, **GREEDY))
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out.token_ids
+        step += 1
+    assert [outs[f"r{i}"] for i in range(4)] == alone
+
+
+def test_preemption_with_a_tiny_kv_pool_keeps_outputs_identical(tiny_llm):
+    prompts = [f"{p} {i}" for i, p in enumerate(PROMPTS * 2)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True, **GREEDY)
+    expected = ids_by_request(tiny_llm().generate(prompts, params))
+    # 10 blocks of 16 tokens; each request needs 2-4 blocks, six at once need far more.
+    llm = tiny_llm(num_kv_blocks=10, block_size=16)
+    got = ids_by_request(llm.generate(prompts, params))
+    stats = llm.engine.get_stats()
+    assert stats.num_preemptions > 0
+    assert got == expected
+    assert stats.kv_blocks_used == 0
+
+
+def test_prefix_cache_hits_give_identical_outputs(tiny_llm):
+    base = PROMPTS[1] * 2  # > 2 blocks of 16 tokens
+    prompts = [base, base + " and more", base]
+    params = SamplingParams(max_tokens=10, ignore_eos=True, **GREEDY)
+    uncached = ids_by_request(tiny_llm(enable_prefix_caching=False).generate(prompts, params))
+    llm = tiny_llm()
+    first = llm.generate([base], params)[0]
+    assert first.stats.num_cached_tokens == 0
+    outs = llm.generate(prompts, params)
+    assert all(o.stats.num_cached_tokens > 0 for o in outs)
+    assert ids_by_request(outs) == uncached and first.token_ids == uncached[0]
+
+
+def test_abort_on_a_real_model_frees_every_block(tiny_llm):
+    engine = tiny_llm().engine
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    assert engine.get_stats().kv_blocks_used > 0
+    for i in range(len(PROMPTS)):
+        assert engine.abort_request(f"r{i}").finish_reason == "abort"
+    assert engine.get_stats().kv_blocks_used == 0 and not engine.has_unfinished_requests()
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(tiny_llm):
+    llm = tiny_llm()
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=42, max_tokens=16, ignore_eos=True)
+    alone = llm.generate([PROMPTS[0]], seeded)[0].token_ids
+    others = [SamplingParams(temperature=0.8, max_tokens=n, ignore_eos=True) for n in (5, 20)]
+    in_batch = llm.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2]], [others[0], seeded, others[1]])[1].token_ids
+    assert in_batch == alone
+    other_seed = llm.generate([PROMPTS[0]], dataclasses.replace(seeded, seed=43))[0].token_ids
+    assert other_seed != alone
+
+
+def test_stop_strings_max_tokens_and_min_tokens_on_a_real_model(tiny_llm):
+    llm = tiny_llm()
+    greedy = SamplingParams(max_tokens=20, ignore_eos=True, **GREEDY)
+    ref = llm.generate([PROMPTS[0]], greedy)[0]
+    assert ref.finish_reason == "length" and len(ref.token_ids) == 20
+
+    stop = ref.text[6:9]
+    stopped = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop=[stop]))[0]
+    assert stopped.finish_reason == "stop" and stopped.text == ref.text[:ref.text.index(stop)]
+
+    short = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, max_tokens=5))[0]
+    assert short.finish_reason == "length" and short.token_ids == ref.token_ids[:5]
+
+    # Make the 2nd greedy token a stop token: it ends the output, unless min_tokens masks it.
+    stop_id = ref.token_ids[1]
+    ended = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop_token_ids=[stop_id]))[0]
+    assert ended.finish_reason == "stop" and ended.token_ids == ref.token_ids[:ref.token_ids.index(stop_id) + 1]
+    held = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop_token_ids=[stop_id], min_tokens=6))[0]
+    assert len(held.token_ids) >= 6 and stop_id not in held.token_ids[:5]
+

@@ -1,0 +1,147 @@
+"""asyncio gRPC (tritonclient.grpc.aio) and HTTP (tritonclient.http.aio, aiohttp for SSE)
+transports; the same methods as ragstack.transports, as coroutines and async iterators."""
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator
+
+import numpy as np
+
+from ragstack.results import ModelInfo, RagstackError, code_from_grpc, code_from_http
+from ragstack.transports import error_text, infer_inputs, model_infos, json_inputs, split_url
+
+
+class AsyncGrpcTransport:
+    protocol = "grpc"
+
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc.aio as grpcaio  # noqa: PLC0415
+
+        self._module = grpcclient
+        self.timeout_s, self.headers = timeout_s, headers
+        self._client = grpcaio.InferenceServerClient(url)
+
+    async def _call(self, coro):
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        try:
+            return await coro
+        except InferenceServerException as exc:
+            raise RagstackError(exc.message(), code_from_grpc(exc.status())) from None
+
+    async def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
+        result = await self._call(self._client.infer(model, infer_inputs(self._module, tensors),
+                                                     model_version=version, client_timeout=self.timeout_s,
+                                                     headers=self.headers))
+        return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
+
+    async def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
+                     parameters: dict | None = None) -> AsyncIterator[dict]:
+        """One request on a gRPC stream. The request iterator ends after the request, so the server
+        closes the stream after the request's last response; an abandoned iteration cancels it."""
+        async def one_request():
+            yield {"model_name": model, "inputs": infer_inputs(self._module, tensors), "parameters": parameters}
+
+        responses = self._client.stream_infer(one_request(), stream_timeout=self.timeout_s, headers=self.headers)
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise RagstackError(error.message(), code_from_grpc(error.status()))
+                outputs = {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
+                if outputs:
+                    yield outputs
+            finished = True
+        finally:
+            if not finished:
+                responses.cancel()
+
+    async def models(self) -> list[ModelInfo]:
+        index = await self._call(self._client.get_model_repository_index(headers=self.headers, as_json=True))
+        return model_infos(index.get("models", []))
+
+    async def model_config(self, name: str) -> dict:
+        return (await self._call(self._client.get_model_config(name, headers=self.headers, as_json=True)))["config"]
+
+    async def load(self, name: str, config: str | None = None) -> None:
+        await self._call(self._client.load_model(name, headers=self.headers, config=config))
+
+    async def unload(self, name: str) -> None:
+        await self._call(self._client.unload_model(name, headers=self.headers))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class AsyncHttpTransport:
+    protocol = "http"
+
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        import tritonclient.http as httpclient  # noqa: PLC0415
+        import tritonclient.http.aio as httpaio  # noqa: PLC0415
+
+        self._module = httpclient
+        self.host, self.port = split_url(url, 8000)
+        self.timeout_s, self.headers = timeout_s, headers
+        self._client = httpaio.InferenceServerClient(f"{self.host}:{self.port}", conn_timeout=timeout_s)
+        self._session = None
+
+    async def _call(self, coro):
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        try:
+            return await coro
+        except InferenceServerException as exc:
+            raise RagstackError(exc.message(), code_from_http(exc.status())) from None
+        except OSError as exc:
+            raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
+
+    async def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
+        result = await self._call(self._client.infer(model, infer_inputs(self._module, tensors),
+                                                     model_version=version, headers=self.headers))
+        return {out["name"]: result.as_numpy(out["name"]) for out in result.get_response()["outputs"]}
+
+    async def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
+                     parameters: dict | None = None) -> AsyncIterator[dict]:
+        import aiohttp  # noqa: PLC0415
+
+        body = json_inputs(tensors)
+        if parameters:
+            body["parameters"] = parameters
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s))
+        url = f"http://{self.host}:{self.port}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
+        try:
+            async with self._session.post(url, json=body, headers=self.headers) as response:
+                if response.status != 200:
+                    raise RagstackError(error_text(await response.read()), code_from_http(response.status))
+                if not stream:
+                    yield json.loads(await response.read())
+                    return
+                async for line in response.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise RagstackError(str(event["error"]), "UNKNOWN")
+                    yield event
+        except aiohttp.ClientError as exc:
+            raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
+
+    async def models(self) -> list[ModelInfo]:
+        return model_infos(await self._call(self._client.get_model_repository_index(headers=self.headers)))
+
+    async def model_config(self, name: str) -> dict:
+        return await self._call(self._client.get_model_config(name, headers=self.headers))
+
+    async def load(self, name: str, config: str | None = None) -> None:
+        await self._call(self._client.load_model(name, headers=self.headers, config=config))
+
+    async def unload(self, name: str) -> None:
+        await self._call(self._client.unload_model(name, headers=self.headers))
+
+    async def close(self) -> None:
+        await self._client.close()
+        if self._session is not None:
+            await self._session.close()
