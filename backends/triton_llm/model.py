@@ -22,6 +22,7 @@ from engine_settings import load_settings
 from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_CHECK_INTERVAL_S = 0.02
 
 
 class TritonPythonModel:
@@ -117,15 +118,20 @@ class TritonPythonModel:
         out = None
         sent_tokens = 0
         first_token_seen = False
+        next_cancel_check = 0.0
         try:
             async for out in stream:
                 if not first_token_seen and out.token_ids:
                     first_token_seen = True
                     if self.metrics:
                         self.metrics.observe_first_token(out.stats.time_to_first_token)
-                if not cancelled.is_set() and sender.is_cancelled():
-                    cancelled.set()
-                    self.engine.abort(request_id)  # within this step: its blocks are freed at once
+                now = time.monotonic()
+                # is_cancelled() is a round trip to the server process: ask at most every 20 ms.
+                if now >= next_cancel_check and not cancelled.is_set():
+                    next_cancel_check = now + CANCEL_CHECK_INTERVAL_S
+                    if sender.is_cancelled():
+                        cancelled.set()
+                        self.engine.abort(request_id)  # freed before the engine's next step
                 if out.finished or cancelled.is_set():
                     break
                 if req.stream and out.delta_text:

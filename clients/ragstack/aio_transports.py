@@ -15,6 +15,7 @@ class AsyncGrpcTransport:
     protocol = "grpc"
 
     def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         import tritonclient.grpc.aio as grpcaio  # noqa: PLC0415
 
@@ -32,8 +33,7 @@ class AsyncGrpcTransport:
 
     async def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = await self._call(self._client.infer(model, infer_inputs(self._module, tensors),
-                                                     model_version=version, client_timeout=self.timeout_s,
-                                                     headers=self.headers))
+                                                     model_version=version, client_timeout=self.timeout_s))
         return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
 
     async def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
@@ -43,7 +43,7 @@ class AsyncGrpcTransport:
         async def one_request():
             yield {"model_name": model, "inputs": infer_inputs(self._module, tensors), "parameters": parameters}
 
-        responses = self._client.stream_infer(one_request(), stream_timeout=self.timeout_s, headers=self.headers)
+        responses = self._client.stream_infer(one_request(), stream_timeout=self.timeout_s)
         finished = False
         try:
             async for result, error in responses:
@@ -78,6 +78,7 @@ class AsyncHttpTransport:
     protocol = "http"
 
     def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.http as httpclient  # noqa: PLC0415
         import tritonclient.http.aio as httpaio  # noqa: PLC0415
 
@@ -99,7 +100,7 @@ class AsyncHttpTransport:
 
     async def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = await self._call(self._client.infer(model, infer_inputs(self._module, tensors),
-                                                     model_version=version, headers=self.headers))
+                                                     model_version=version))
         return {out["name"]: result.as_numpy(out["name"]) for out in result.get_response()["outputs"]}
 
     async def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
@@ -113,7 +114,7 @@ class AsyncHttpTransport:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s))
         url = f"http://{self.host}:{self.port}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
         try:
-            async with self._session.post(url, json=body, headers=self.headers) as response:
+            async with self._session.post(url, json=body) as response:
                 if response.status != 200:
                     raise RagstackError(error_text(await response.read()), code_from_http(response.status))
                 if not stream:
@@ -130,16 +131,16 @@ class AsyncHttpTransport:
             raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
 
     async def models(self) -> list[ModelInfo]:
-        return model_infos(await self._call(self._client.get_model_repository_index(headers=self.headers)))
+        return model_infos(await self._call(self._client.get_model_repository_index(headers=dict(self.headers))))
 
     async def model_config(self, name: str) -> dict:
-        return await self._call(self._client.get_model_config(name, headers=self.headers))
+        return await self._call(self._client.get_model_config(name, headers=dict(self.headers)))
 
     async def load(self, name: str, config: str | None = None) -> None:
-        await self._call(self._client.load_model(name, headers=self.headers, config=config))
+        await self._call(self._client.load_model(name, headers=dict(self.headers), config=config))
 
     async def unload(self, name: str) -> None:
-        await self._call(self._client.unload_model(name, headers=self.headers))
+        await self._call(self._client.unload_model(name, headers=dict(self.headers)))
 
     async def close(self) -> None:
         await self._client.close()

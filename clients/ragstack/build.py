@@ -47,6 +47,15 @@ STEPS.append(Step(
     outputs=["model_repository/llm/1/tiny-qwen2/config.json"],
 ))
 
+STEPS.append(Step(
+    name="default-index",  # retriever version 1 from data/sample_corpus, embedded by the served `embed` model
+    command=["{python}", "scripts/build_default_index.py"],
+    inputs=["data/sample_corpus", "scripts/build_default_index.py", "clients/ragstack/indexer.py",
+            "clients/ragstack/chunking.py", "clients/ragstack/documents.py", "clients/ragstack/index_store.py",
+            "model_repository/embedder/1/model.onnx"],
+    outputs=["model_repository/retriever/1/manifest.json"],
+))
+
 
 def _mtime(path: Path) -> float:
     if path.is_dir():

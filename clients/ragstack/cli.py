@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
@@ -37,6 +38,19 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="start the server, answer one query over gRPC, stop")
     demo.add_arguments(p)
     p.set_defaults(func=_demo)
+
+    # Client subcommands: each module has add_arguments(parser) and run(args) -> exit code.
+    for name, module, help_text in [
+        ("query", "cli_query", "ask the rag ensemble; prints the answer as it streams, then its sources"),
+        ("embed", "cli_embed", "embed texts (JSON lines)"),
+        ("rerank", "cli_rerank", "score passages against a query, best first"),
+        ("models", "cli_models", "list, load, unload or reload models (repository API)"),
+        ("index", "cli_index", "build or list retriever index versions"),
+    ]:
+        command = importlib.import_module(f"ragstack.{module}")
+        p = sub.add_parser(name, help=help_text, description=command.__doc__)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
     return parser
 
 

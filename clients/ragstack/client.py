@@ -8,7 +8,7 @@
 
 Streaming goes through gRPC bidirectional streams, or HTTP `generate_stream` (SSE, every event
 checked for an error). Failures raise RagstackError with Triton's status code (`.code`).
-Repository calls send `x-ragstack-admin-key: $RAGSTACK_ADMIN_KEY` when that variable is set
+Repository calls (models, load, unload) send `x-ragstack-admin-key: $RAGSTACK_ADMIN_KEY` when it is set
 (the docker-compose deployment guards the repository API with it).
 """
 from __future__ import annotations
@@ -170,7 +170,7 @@ class RagClient:
 
         if protocol not in DEFAULT_PORTS:
             raise ValueError(f"protocol {protocol!r}: use grpc or http")
-        self.url = url or default_url(protocol)
+        self.url, self.protocol = url or default_url(protocol), protocol
         transport = GrpcTransport if protocol == "grpc" else HttpTransport
         self._t = transport(self.url, timeout_s, _admin_headers())
 
@@ -238,7 +238,7 @@ class AsyncRagClient:
 
         if protocol not in DEFAULT_PORTS:
             raise ValueError(f"protocol {protocol!r}: use grpc or http")
-        self.url = url or default_url(protocol)
+        self.url, self.protocol = url or default_url(protocol), protocol
         transport = AsyncGrpcTransport if protocol == "grpc" else AsyncHttpTransport
         self._t = transport(self.url, timeout_s, _admin_headers())
 

@@ -55,6 +55,7 @@ class GrpcTransport:
     protocol = "grpc"
 
     def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.grpc as grpcclient  # noqa: PLC0415 - keep `ragstack --help` fast
 
         self._module = grpcclient
@@ -71,7 +72,7 @@ class GrpcTransport:
 
     def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = self._call(self._client.infer, model, infer_inputs(self._module, tensors),
-                            model_version=version, client_timeout=self.timeout_s, headers=self.headers)
+                            model_version=version, client_timeout=self.timeout_s)
         return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
 
     def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
@@ -80,7 +81,7 @@ class GrpcTransport:
         cancels the request on the server."""
         client = self._module.InferenceServerClient(self.url)  # one stream per client object
         responses: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=self.headers)
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:
             self._call(client.async_stream_infer, model, infer_inputs(self._module, tensors),
@@ -123,6 +124,7 @@ class HttpTransport:
     protocol = "http"
 
     def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.http as httpclient  # noqa: PLC0415
 
         self._module = httpclient
@@ -143,7 +145,7 @@ class HttpTransport:
 
     def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = self._call(self._client.infer, model, infer_inputs(self._module, tensors),
-                            model_version=version, headers=self.headers)
+                            model_version=version)
         return {out["name"]: result.as_numpy(out["name"]) for out in result.get_response()["outputs"]}
 
     def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
@@ -159,7 +161,7 @@ class HttpTransport:
         try:
             try:
                 conn.request("POST", f"/v2/models/{model}/{endpoint}", body=json.dumps(body),
-                             headers={"Content-Type": "application/json", **self.headers})
+                             headers={"Content-Type": "application/json"})
                 response = conn.getresponse()
             except OSError as exc:
                 raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
@@ -179,16 +181,16 @@ class HttpTransport:
             conn.close()
 
     def models(self) -> list[ModelInfo]:
-        return model_infos(self._call(self._client.get_model_repository_index, headers=self.headers))
+        return model_infos(self._call(self._client.get_model_repository_index, headers=dict(self.headers)))
 
     def model_config(self, name: str) -> dict:
-        return self._call(self._client.get_model_config, name, headers=self.headers)
+        return self._call(self._client.get_model_config, name, headers=dict(self.headers))
 
     def load(self, name: str, config: str | None = None) -> None:
-        self._call(self._client.load_model, name, headers=self.headers, config=config)
+        self._call(self._client.load_model, name, headers=dict(self.headers), config=config)
 
     def unload(self, name: str) -> None:
-        self._call(self._client.unload_model, name, headers=self.headers)
+        self._call(self._client.unload_model, name, headers=dict(self.headers))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -196,7 +198,10 @@ class HttpTransport:
 
 
 def error_text(raw: bytes) -> str:
+    """The message of an error body: JSON {"error": ...}, also as an SSE event (generate_stream)."""
+    text = raw.decode(errors="replace").strip()
+    body = text[len("data:"):] if text.startswith("data:") else text
     try:
-        return str(json.loads(raw).get("error", raw.decode(errors="replace")))
+        return str(json.loads(body).get("error", text))
     except (ValueError, AttributeError):
-        return raw.decode(errors="replace")
+        return text

@@ -1,0 +1,43 @@
+"""What the client subcommands share: --url/--protocol, and exit codes scripts can rely on:
+0 ok, 1 server or request error (RagstackError), 2 usage error. Messages go to stderr."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from ragstack.results import RagstackError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(ValueError):
+    """A command line that cannot be carried out as given."""
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="server host:port (default $RAGSTACK_URL, else localhost:8001 for gRPC, "
+                                      "localhost:8000 for HTTP)")
+    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a response")
+
+
+def connect(args: argparse.Namespace):
+    from ragstack.client import RagClient  # noqa: PLC0415
+
+    return RagClient(args.url, args.protocol, timeout_s=args.timeout)
+
+
+def run_reporting(name: str, body: Callable[[], int]) -> int:
+    """Runs a subcommand body and turns its failures into a message and an exit code."""
+    try:
+        return body()
+    except RagstackError as exc:
+        print(f"ragstack {name}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except UsageError as exc:
+        print(f"ragstack {name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"ragstack {name}: interrupted", file=sys.stderr)
+        return 130

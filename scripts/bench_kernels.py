@@ -1,0 +1,465 @@
+"""Kernel benchmark: each Triton kernel of llm_engine alone, against limits measured in the same run.
+
+Limits: device-to-device copy of a 4 GiB buffer (eager torch copy_), (read + write bytes) / time,
+for the memory-bound kernels; bf16 torch.matmul 8192^3 TFLOP/s for prefill attention. Every case is first checked
+against its `_ref` torch function on fresh random data (a mismatch aborts the run), then timed as
+the median of --reps CUDA-graph replays with the L2 flushed before each, so the time is the
+kernels' own and every byte comes from HBM. Bytes counted are the least the kernel must move.
+
+Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
+bf16 KV decode at 32k (>= 1.6x); causal prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA
+flash on the same q/k/v alongside); write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul.
+Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
+
+    python scripts/bench_kernels.py --json /tmp/kernels.json --record docs/benchmarks.md
+    python scripts/bench_kernels.py --sweep --cases decode,decode_32k   # best launch configs
+    python scripts/bench_kernels.py --smoke                              # CPU interpreter, checks only
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+# Triton reads this when the @triton.jit kernels are defined, i.e. on import: set it first.
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from llm_engine import kernels as K  # noqa: E402
+from llm_engine.kernels.decode_attention import _choose_num_splits  # noqa: E402
+from llm_engine.kernels.launch_config import launch_params, override_launch_params  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP = 3
+BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Sizes:
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+    decode: tuple[int, int] = (64, 4096)  # batch, context
+    decode_long: tuple[int, int] = (16, 32768)
+    prefill_long: tuple[int, int] = (1, 8192)  # sequences, tokens each
+    prefill_batch: tuple[int, int] = (4, 2048)
+    tokens: int = 8192
+    hidden: int = 4096
+    gate_up: int = 28672  # [gate | up], 2 x 14336
+
+
+# Partial blocks, partial tiles and masked rows, small enough for the interpreter.
+SMOKE = Sizes(q_heads=8, kv_heads=2, head_dim=32, decode=(3, 40), decode_long=(2, 100),
+              prefill_long=(1, 50), prefill_batch=(3, 20), tokens=24, hidden=96, gate_up=160)
+
+
+@dataclass
+class Bench:
+    case: str
+    shape: str
+    kernel: str | None  # its section in launch_configs/*.json; None for a torch reference
+    call: Callable[..., object]  # the launch; keyword arguments go to the wrapper
+    check: Callable[[object], None]  # raises unless call()'s result matches the reference
+    bytes: int = 0  # the least HBM traffic of one call
+    flops: int = 0
+    goal: tuple[str, Callable[[Row], bool]] | None = None
+    candidates: list[tuple[dict, dict]] = field(default_factory=list)  # (launch params, kwargs)
+
+
+@dataclass
+class Row:
+    case: str
+    shape: str
+    time_us: float | None
+    achieved: float
+    unit: str
+    pct_of_limit: float
+    target: str = "-"
+    met: bool | None = None
+    bytes: int = 0
+    flops: int = 0
+
+
+@dataclass
+class Limits:
+    bandwidth: float  # bytes/s
+    tflops: float
+
+
+def randn(gen, *shape, dtype=BF16):
+    return torch.randn(*shape, generator=gen, device=gen.device, dtype=dtype)
+
+
+def expect_close(case, actual, expected, atol=2e-2, rtol=2e-2):
+    # bf16 rounds q, k, v and the softmax weights to 8 mantissa bits; the refs work in float32.
+    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol,
+                               msg=lambda m: f"{case}: kernel does not match its reference\n{m}")
+
+
+def to_paged(gen, block_size, *dense):
+    """Dense [B, S, Hkv, D] tensors -> their caches [num_blocks, block_size, Hkv, D] and one shared
+    block table [B, cdiv(S, block_size)], blocks shuffled as a long-running engine leaves them."""
+    batch, seq, heads, dim = dense[0].shape
+    per_seq = triton.cdiv(seq, block_size)
+    order = torch.randperm(batch * per_seq, generator=gen, device=gen.device)
+    caches = []
+    for x in dense:
+        padded = x.new_zeros(batch, per_seq * block_size, heads, dim)
+        padded[:, :seq] = x
+        cache = torch.empty(batch * per_seq, block_size, heads, dim, dtype=x.dtype, device=x.device)
+        cache[order] = padded.view(-1, block_size, heads, dim)
+        caches.append(cache)
+    return (*caches, order.view(batch, per_seq).to(torch.int32))
+
+
+def decode_bench(case, s: Sizes, batch, context, kv_dtype, gen, goal=None) -> Bench:
+    q = randn(gen, batch, s.q_heads, s.head_dim)
+    dense = [randn(gen, batch, context, s.kv_heads, s.head_dim) for _ in range(2)]
+    k_cache, v_cache, block_tables = to_paged(gen, s.block_size, *dense)
+    del dense
+    k_scale = v_scale = None
+    if kv_dtype == FP8:
+        (k_cache, k_scale), (v_cache, v_scale) = K.quantize_fp8_ref(k_cache), K.quantize_fp8_ref(v_cache)
+    context_lens = torch.full((batch,), context, dtype=torch.int32, device=gen.device)
+    args = (q, k_cache, v_cache, block_tables, context_lens, s.head_dim**-0.5, k_scale, v_scale)
+    expected = K.paged_decode_attention_ref(*args)
+    # Shown so that a sweep's best num_splits can be set against the heuristic's pick.
+    auto_splits = _choose_num_splits(batch, s.kv_heads, block_tables.shape[1] * s.block_size,
+                                     launch_params("paged_decode_attention", q.device, q.dtype))
+    token_head_bytes = s.head_dim * k_cache.element_size() + (4 if k_scale is not None else 0)
+    kv_bytes = 2 * batch * context * s.kv_heads * token_head_bytes
+    tiles = itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (None, 1, 2, 4, 8, 16, 32))
+    return Bench(
+        case, f"B={batch} ctx={context} {s.q_heads}/{s.kv_heads}x{s.head_dim} splits={auto_splits}",
+        "paged_decode_attention",
+        call=lambda **kw: K.paged_decode_attention(*args, **kw),
+        check=lambda out: expect_close(case, out, expected),
+        bytes=kv_bytes + 2 * q.nbytes, goal=goal,
+        candidates=[({"BLOCK_N": n, "num_warps": w, "num_stages": st}, {"num_splits": sp})
+                    for n, w, st, sp in tiles],
+    )
+
+
+def prefill_benches(s: Sizes, seqs, seq_len, gen, tune: bool) -> list[Bench]:
+    shape = f"{seqs}x{seq_len} causal {s.q_heads}/{s.kv_heads}x{s.head_dim}"
+    scale = s.head_dim**-0.5
+    q = randn(gen, seqs * seq_len, s.q_heads, s.head_dim)
+    k, v = (randn(gen, seqs, seq_len, s.kv_heads, s.head_dim) for _ in range(2))
+    k_cache, v_cache, block_tables = to_paged(gen, s.block_size, k, v)
+    cu_seqlens = torch.arange(seqs + 1, dtype=torch.int32, device=gen.device) * seq_len
+    context_lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=gen.device)
+    args = (q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, scale)
+    expected = K.paged_prefill_attention_ref(*args)
+    flops = seqs * 2 * 2 * seq_len**2 // 2 * s.q_heads * s.head_dim  # 2 matmuls, causal half
+    # SDPA on the same values, dense [B, H, S, D]; k/v repeated to the query heads since not
+    # every flash build takes GQA (prefill is compute-bound, so the extra reads barely count).
+    group = s.q_heads // s.kv_heads
+    dq = q.view(seqs, seq_len, s.q_heads, s.head_dim).transpose(1, 2).contiguous()
+    dk, dv = (x.transpose(1, 2).repeat_interleave(group, dim=1).contiguous() for x in (k, v))
+    expected_dense = expected.view(dq.transpose(1, 2).shape).transpose(1, 2)
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(dq, dk, dv, is_causal=True, scale=scale)
+
+    tiles = itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
+    return [
+        Bench(f"prefill {seqs}x{seq_len}", shape, "paged_prefill_attention",
+              call=lambda: K.paged_prefill_attention(*args),
+              check=lambda out: expect_close(f"prefill {seqs}x{seq_len}", out, expected),
+              flops=flops, goal=(">= 400 TFLOP/s", lambda r: r.achieved >= 400),
+              candidates=[({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}, {})
+                          for m, n, w, st in tiles] if tune else []),
+        Bench(f"torch SDPA flash {seqs}x{seq_len}", shape + " (k/v repeated)", None, call=sdpa,
+              check=lambda out: expect_close(f"SDPA {seqs}x{seq_len}", out, expected_dense), flops=flops),
+    ]
+
+
+def write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
+    case = f"write_kv_cache {'fp8' if cache_dtype == FP8 else 'bf16'}"
+    n = s.tokens
+    k, v = (randn(gen, n, s.kv_heads, s.head_dim) for _ in range(2))
+    used = triton.cdiv(n, s.block_size)
+    blocks = torch.randperm(2 * used, generator=gen, device=gen.device)[:used]  # a cache half in use
+    slots = (blocks[:, None] * s.block_size + torch.arange(s.block_size, device=gen.device)).flatten()[:n]
+    caches = [randn(gen, 2 * used, s.block_size, s.kv_heads, s.head_dim) for _ in range(2)]
+    scales = [None, None]
+    if cache_dtype == FP8:
+        (caches[0], scales[0]), (caches[1], scales[1]) = (K.quantize_fp8_ref(c) for c in caches)
+    expected = [None if t is None else t.clone() for t in (*caches, *scales)]
+    K.write_kv_cache_ref(k, v, *expected[:2], slots, *expected[2:])
+
+    def check(_):
+        if cache_dtype != FP8:
+            for cache, ref in zip(caches, expected):
+                expect_close(case, cache, ref, atol=0, rtol=0)
+            return
+        for cache, scale, ref, ref_scale in zip(caches, scales, expected[:2], expected[2:]):
+            expect_close(case, scale, ref_scale, atol=0, rtol=1e-6)
+            # Within one e4m3 step plus a subnormal step, as tests/engine/test_kernels_paged.py.
+            expect_close(case, K.dequantize_fp8_ref(cache, scale), K.dequantize_fp8_ref(ref, ref_scale),
+                         atol=float(ref_scale.max()) * 2**-9, rtol=2**-3)
+
+    written = n * s.kv_heads * (s.head_dim * caches[0].element_size() + (4 if cache_dtype == FP8 else 0))
+    return Bench(case, f"T={n} {s.kv_heads}x{s.head_dim} block={s.block_size}", "write_kv_cache",
+                 call=lambda: K.write_kv_cache(k, v, *caches, slots, *scales), check=check,
+                 bytes=k.nbytes + v.nbytes + 2 * written + slots.nbytes,
+                 candidates=[({"num_warps": w}, {}) for w in (1, 2, 4, 8)])
+
+
+def rms_norm_bench(s: Sizes, gen) -> Bench:
+    x, residual = (randn(gen, s.tokens, s.hidden) for _ in range(2))
+    weight = randn(gen, s.hidden)
+    eps = 1e-5
+    expected = K.rms_norm_ref(x, weight, eps, residual)
+
+    def check(out):
+        for actual, ref in zip(out, expected):
+            expect_close("rms_norm + residual", actual, ref)
+
+    return Bench("rms_norm + residual", f"[{s.tokens}, {s.hidden}]", "rms_norm",
+                 call=lambda: K.rms_norm(x, weight, eps, residual), check=check,
+                 bytes=4 * x.nbytes + weight.nbytes,  # x, residual in; out, new residual out
+                 candidates=[({"num_warps": w}, {}) for w in (2, 4, 8, 16, 32)])
+
+
+def silu_bench(s: Sizes, gen) -> Bench:
+    x = randn(gen, s.tokens, s.gate_up)
+    expected = K.silu_and_mul_ref(x)
+    return Bench("silu_and_mul", f"[{s.tokens}, {s.gate_up}]", "silu_and_mul",
+                 call=lambda: K.silu_and_mul(x), check=lambda out: expect_close("silu_and_mul", out, expected),
+                 bytes=x.nbytes * 3 // 2,
+                 candidates=[({"BLOCK_I": b, "num_warps": w}, {})
+                             for b, w in itertools.product((512, 1024, 2048, 4096), (2, 4, 8, 16))])
+
+
+DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
+BEST_HEADER = "Best launch configs (sweep; num_splits null: the heuristic's splits= in the shape):"
+
+
+def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
+    """Name -> builder of its benches; each builds fresh data only when called."""
+    return {
+        "decode": lambda: [decode_bench("decode bf16", s, *s.decode, BF16, gen,
+                                        goal=(">= 80% of copy BW", lambda r: r.pct_of_limit >= 80))],
+        "decode_32k": lambda: [decode_bench(DECODE_LONG[0], s, *s.decode_long, BF16, gen),
+                               decode_bench(DECODE_LONG[1], s, *s.decode_long, FP8, gen)],
+        "prefill_8k": lambda: prefill_benches(s, *s.prefill_long, gen, tune=True),
+        "prefill_4x2k": lambda: prefill_benches(s, *s.prefill_batch, gen, tune=False),
+        "write_kv": lambda: [write_kv_bench(s, BF16, gen), write_kv_bench(s, FP8, gen)],
+        "rms_norm": lambda: [rms_norm_bench(s, gen)],
+        "silu": lambda: [silu_bench(s, gen)],
+    }
+
+
+@functools.cache
+def l2_flush_buffer() -> torch.Tensor:
+    return torch.empty(256 << 20, dtype=torch.int8, device="cuda")  # H200 L2: 50 MB
+
+
+def time_us(fn, reps: int, graph: bool = True) -> float:
+    """Median time of one call of fn, the L2 cleared before each; replayed from a CUDA graph, so
+    without Python launch overhead, unless graph is False."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph asks
+        for _ in range(WARMUP):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    if graph:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+        fn = captured.replay
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        l2_flush_buffer().zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3
+
+
+def measure_limits(reps: int) -> Limits:
+    src = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
+    dst = torch.empty_like(src)
+    # Eager: a graph-captured copy_ takes the driver's slower graph memcpy path (pytorch#191284:
+    # ~2x on some sizes; 2.77 vs 4.29 TB/s here on an H200). At ~2 ms a launch costs nothing.
+    bandwidth = 2 * src.nbytes / (time_us(lambda: dst.copy_(src), reps, graph=False) * 1e-6)
+    del src, dst
+    a, b = (torch.randn(8192, 8192, dtype=BF16, device="cuda") for _ in range(2))
+    tflops = 2 * 8192**3 / time_us(lambda: a @ b, reps) / 1e6
+    return Limits(bandwidth, tflops)
+
+
+def measure(bench: Bench, limits: Limits, reps: int) -> Row:
+    us = time_us(bench.call, reps)
+    if bench.flops:
+        achieved, unit, limit = bench.flops / us / 1e6, "TFLOP/s", limits.tflops
+    else:
+        achieved, unit, limit = bench.bytes / us / 1e3, "GB/s", limits.bandwidth / 1e9
+    row = Row(bench.case, bench.shape, us, achieved, unit, 100 * achieved / limit,
+              bytes=bench.bytes, flops=bench.flops)
+    if bench.goal:
+        row.target, row.met = bench.goal[0], bench.goal[1](row)
+    return row
+
+
+def speedup_row(rows: list[Row]) -> Row | None:
+    """FP8 over bf16 KV at 32k; its limit is the ratio of the bytes the two must read."""
+    by_case = {r.case: r for r in rows}
+    if not all(c in by_case for c in DECODE_LONG):
+        return None
+    bf16, fp8 = (by_case[c] for c in DECODE_LONG)
+    speedup, ideal = bf16.time_us / fp8.time_us, bf16.bytes / fp8.bytes
+    return Row("decode fp8 vs bf16 32k", f"{bf16.shape}; byte ratio {ideal:.2f}x", None, speedup, "x",
+               100 * speedup / ideal, ">= 1.6x", speedup >= 1.6)
+
+
+def sweep(bench: Bench, reps: int | None) -> dict:
+    """Each candidate config, checked against the reference, then timed (reps None: check only).
+
+    A wrong result is reported and the sweep goes on, so one bad config does not hide the rest.
+    """
+    results, skipped, wrong = [], 0, []
+    for params, kwargs in bench.candidates:
+        try:
+            with override_launch_params(bench.kernel, **params):
+                bench.check(bench.call(**kwargs))
+                us = time_us(lambda: bench.call(**kwargs), reps) if reps else None
+        except OutOfResources:  # e.g. too many stages of a big tile for shared memory
+            skipped += 1
+            continue
+        except AssertionError as error:
+            print(f"  WRONG RESULT with {params} {kwargs}: {str(error).splitlines()[0]}", flush=True)
+            wrong.append({"params": params, "kwargs": kwargs})
+            continue
+        results.append({"time_us": us, "params": params, "kwargs": kwargs})
+    summary = {"case": bench.case, "kernel": bench.kernel, "tried": len(results), "skipped": skipped,
+               "wrong": wrong}
+    if reps and results:
+        summary["best"] = min(results, key=lambda r: r["time_us"])
+        summary["all"] = sorted(results, key=lambda r: r["time_us"])
+    return summary
+
+
+def fmt_row(r: Row) -> str:
+    time = "-" if r.time_us is None else f"{r.time_us:,.1f}"
+    value = f"{r.achieved:.2f}" if r.unit == "x" else f"{r.achieved:,.0f}"
+    met = "-" if r.met is None else ("yes" if r.met else "NO")
+    return f"| {r.case} | {r.shape} | {time} | {value} {r.unit} | {r.pct_of_limit:.0f}% | {r.target} | {met} |"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="all", help="comma-separated names, or all: "
+                        "decode, decode_32k, prefill_8k, prefill_4x2k, write_kv, rms_norm, silu")
+    parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
+    parser.add_argument("--json", type=Path, help="write the rows, limits and sweep results here")
+    parser.add_argument("--record", type=Path, help="append the table to this markdown file")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU, Triton interpreter, tiny shapes: reference checks only, no timing")
+    args = parser.parse_args()
+    if args.reps < 20:
+        parser.error("--reps must be >= 20")
+    if args.smoke and (args.json or args.record):
+        parser.error("--smoke measures nothing to write")
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU; --smoke runs the checks on the CPU")
+
+    gen = torch.Generator("cpu" if args.smoke else "cuda").manual_seed(0)
+    builders = cases(SMOKE if args.smoke else Sizes(), gen)
+    names = list(builders) if args.cases == "all" else args.cases.split(",")
+    unknown = set(names) - set(builders)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}")
+    limits = None if args.smoke else measure_limits(args.reps)
+    if limits:
+        print(f"limits: copy {limits.bandwidth / 1e9:,.0f} GB/s, bf16 matmul {limits.tflops:.0f} TFLOP/s", flush=True)
+
+    rows, sweeps, checks = [], [], 0
+    for name in names:
+        for bench in builders[name]():
+            bench.check(bench.call())
+            checks += 1
+            if limits:
+                rows.append(measure(bench, limits, args.reps))
+                print(fmt_row(rows[-1]), flush=True)
+            else:
+                print(f"ok {bench.case}: {bench.shape}", flush=True)
+            if args.sweep and bench.candidates:
+                sweeps.append(sweep(bench, None if args.smoke else args.reps))
+                if rows:
+                    sweeps[-1]["default_us"] = rows[-1].time_us
+                checks += sweeps[-1]["tried"]
+                best = f", best {json.dumps(sweeps[-1]['best'])}" if "best" in sweeps[-1] else ""
+                print(f"  sweep: {sweeps[-1]['tried']} configs correct, {len(sweeps[-1]['wrong'])} wrong, "
+                      f"{sweeps[-1]['skipped']} out of resources{best}", flush=True)
+        if not args.smoke:
+            torch.cuda.empty_cache()  # the next case's data in place of this one's
+    num_wrong = sum(len(s["wrong"]) for s in sweeps)
+    if args.smoke:
+        print(f"smoke: {checks} reference checks passed, {num_wrong} failed (TRITON_INTERPRET=1, CPU); no timing")
+        return int(num_wrong > 0)
+
+    if (row := speedup_row(rows)) is not None:
+        rows.append(row)
+    limits_line = (f"Limits measured in this run: device-to-device copy of 4 GiB {limits.bandwidth / 1e9:,.0f} GB/s "
+                   f"(read + write); bf16 torch.matmul 8192^3 {limits.tflops:.0f} TFLOP/s. Medians of {args.reps} "
+                   "CUDA-graph replays, L2 flushed before each.")
+    table = "\n".join(["| case | shape | time us | achieved | % of limit | target | met? |",
+                       "|---|---|---|---|---|---|---|", *map(fmt_row, rows)])
+    best = [f"- {s['case']} ({s['kernel']}): {json.dumps(s['best']['params'])} {json.dumps(s['best']['kwargs'])} "
+            f"{s['best']['time_us']:,.1f} us (configured: {s['default_us']:,.1f} us)" for s in sweeps if "best" in s]
+    print(f"\n{table}\n\n{limits_line}")
+    if best:
+        print(f"\n{BEST_HEADER}\n" + "\n".join(best))
+
+    gpu = torch.cuda.get_device_name()
+    command = " ".join(["python scripts/bench_kernels.py", *sys.argv[1:]])
+    if args.json:
+        args.json.write_text(json.dumps({"gpu": gpu, "commit": git_commit(), "command": command,
+                                         "limits": asdict(limits), "rows": [asdict(r) for r in rows],
+                                         "sweeps": sweeps}, indent=1))
+    if args.record:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        machine = (f"{gpu}, {platform.node()}; torch {torch.__version__}, triton {triton.__version__}, "
+                   f"CUDA {torch.version.cuda}")
+        sweep_text = f"\n\n{BEST_HEADER}\n\n" + "\n".join(best) if best else ""
+        with open(args.record, "a") as f:
+            f.write(f"\n## Kernels on {gpu} ({stamp})\n\nMachine: {machine}; commit {git_commit()}; "
+                    f"command: `{command}`\n\n{table}\n\n{limits_line}{sweep_text}\n")
+    if num_wrong:
+        print(f"{num_wrong} swept configs gave wrong results (see WRONG RESULT above)")
+    return int(num_wrong > 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The `rag` ensemble end to end on the real server (embed -> retriever -> rerank -> prompt_builder
+-> rag_generate -> llm): streamed text plus sources over gRPC and HTTP SSE, one response with
+stream=false, the asyncio client, and errors from any step."""
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from ragstack.client import AsyncRagClient, RagClient, RagstackError
+
+pytestmark = pytest.mark.server
+QUESTION = "How is the KV cache divided into blocks?"
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(params=["grpc", "http"])
+def client(request, triton_server):
+    url = triton_server.grpc_url if request.param == "grpc" else triton_server.http_url
+    with RagClient(url, request.param) as c:
+        yield c
+
+
+def test_streams_text_then_has_sources(client):
+    stream = client.query(QUESTION, top_n=3, sampling_parameters=GREEDY, max_tokens=6)
+    deltas = list(stream)
+    answer = stream.answer
+    assert len(deltas) >= 2 and "".join(deltas) == answer.text        # several pieces, in order
+    assert answer.finish_reason == "length"
+    assert [s.n for s in answer.sources] == [1, 2, 3] and answer.sources[0].source == "paged_attention.md"
+
+
+def test_the_answer_is_the_llm_answer_to_the_context(client):
+    """rag = rag_context's messages sent to the llm: same text under greedy decoding."""
+    context = client.context(QUESTION, top_n=2)
+    direct = client.generate(messages=context.messages, sampling_parameters=GREEDY, max_tokens=6).collect()
+    via_rag = client.query(QUESTION, top_n=2, sampling_parameters=GREEDY, max_tokens=6).collect()
+    assert via_rag.text == direct.text and via_rag.sources == context.sources
+
+
+def test_not_streaming_is_one_response(client, triton_server):
+    answer = client.query(QUESTION, sampling_parameters=GREEDY, max_tokens=5, stream=False).collect()
+    streamed = client.query(QUESTION, sampling_parameters=GREEDY, max_tokens=5).collect()
+    assert answer.text == streamed.text and answer.sources == streamed.sources
+    # HTTP /generate accepts only models that answer once: rag does with stream=false
+    body = json.dumps({"query": QUESTION, "stream": False, "max_tokens": 3}).encode()
+    request = urllib.request.Request(f"http://{triton_server.http_url}/v2/models/rag/generate", data=body)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        result = json.loads(response.read())
+    assert result["text_output"] and json.loads(result["sources"])[0]["n"] == 1
+
+
+def test_http_generate_parameters_reach_the_llm(triton_server):
+    """The generate endpoint's "parameters" object is the llm's sampling fallback, through the ensemble."""
+    body = json.dumps({"query": QUESTION, "stream": False, "parameters": {"max_tokens": 2, "temperature": 0}})
+    request = urllib.request.Request(f"http://{triton_server.http_url}/v2/models/rag/generate", data=body.encode())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert json.loads(response.read())["finish_reason"] == "length"
+    with RagClient(triton_server.grpc_url) as c:
+        two = c.query(QUESTION, sampling_parameters=GREEDY, max_tokens=2).collect()
+    assert two.finish_reason == "length"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"top_k": 0}, "top_k: 0 is out of range; it must be 1 to 64"),             # retriever
+    ({"top_n": 99}, "top_n: 99 is out of range; it must be 1 to 16"),          # prompt_builder
+    ({"sampling_parameters": {"temperature": -1}}, "temperature"),            # llm, through rag_generate
+])
+def test_errors_from_any_step(client, kwargs, message):
+    with pytest.raises(RagstackError, match=message) as info:
+        client.query(QUESTION, **kwargs).collect()
+    # HTTP maps the status; a gRPC stream's error carries only the message
+    assert info.value.code == ("INVALID_ARG" if client.protocol == "http" else "UNKNOWN")
+
+
+def test_leaving_a_stream_early_does_not_disturb_the_next(client):
+    stream = client.query(QUESTION, sampling_parameters=GREEDY, max_tokens=40)
+    next(iter(stream))
+    stream.close()
+    assert client.query(QUESTION, sampling_parameters=GREEDY, max_tokens=3).collect().finish_reason == "length"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_asyncio_client(triton_server, protocol):
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+
+    async def scenario():
+        async with AsyncRagClient(url, protocol) as c:
+            streams = [c.query(QUESTION, sampling_parameters=GREEDY, max_tokens=4) for _ in range(3)]
+            answers = await asyncio.gather(*(s.collect() for s in streams))
+            context = await c.context(QUESTION, top_n=2)
+            with pytest.raises(RagstackError, match="top_k: 0"):
+                await c.query(QUESTION, top_k=0).collect()
+            return answers, context
+
+    answers, context = asyncio.run(scenario())
+    assert len({a.text for a in answers}) == 1 and answers[0].text          # concurrent, greedy: equal
+    assert answers[0].sources[0].source == context.sources[0].source == "paged_attention.md"
