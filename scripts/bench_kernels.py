@@ -1,10 +1,11 @@
 """Kernel benchmark: each Triton kernel of llm_engine alone, against limits measured in the same run.
 
 Limits: device-to-device copy of a 4 GiB buffer (eager torch copy_), (read + write bytes) / time,
-for the memory-bound kernels; bf16 torch.matmul 8192^3 TFLOP/s for prefill attention. Every case is first checked
-against its `_ref` torch function on fresh random data (a mismatch aborts the run), then timed as
-the median of --reps CUDA-graph replays with the L2 flushed before each, so the time is the
-kernels' own and every byte comes from HBM. Bytes counted are the least the kernel must move.
+for the memory-bound kernels; bf16 torch.matmul 8192^3 TFLOP/s for prefill attention. Every case
+is first checked against its `_ref` torch function on fresh random data (a mismatch aborts the
+run), then timed as the median of --reps CUDA-graph replays with the L2 flushed before each, so
+the time is the kernels' own and every byte comes from HBM. Bytes counted are the least the
+kernel must move. --sweep overrides launch configs through override_launch_params.
 
 Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
 bf16 KV decode at 32k (>= 1.6x); causal prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA
