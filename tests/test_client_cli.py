@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from ragstack.cli import main
+from ragstack.client import RagClient
 from ragstack.launcher import ROOT, free_port
+from model_states import wait_until_settled
 
 pytestmark = pytest.mark.server
 
@@ -59,6 +61,9 @@ def test_models_list_unload_load_reload(capsys, connection):
     code, out, _ = run(capsys, "models", "reload", "retriever", "--version", "1", *connection)
     assert (code, out) == (0, "loaded retriever version 1\n")
     assert run(capsys, "models", "reload", "retriever", *connection)[0] == 0   # back to config.pbtxt's policy
+    with RagClient(connection[1], connection[3]) as client:
+        wait_until_settled(client, "retriever")
+        wait_until_settled(client, "echo")
 
 
 def test_models_errors(capsys, connection):

@@ -15,6 +15,7 @@ import tritonclient.grpc as grpcclient
 from ragstack import index_store, indexer
 from ragstack.client import RagClient, RagstackError
 from ragstack.launcher import ROOT
+from model_states import wait_until_settled
 
 pytestmark = pytest.mark.server
 
@@ -183,9 +184,6 @@ def test_index_swap_under_load_loses_no_request(triton_server, tmp_path):
             stop.set()
             shutil.rmtree(MODEL_DIR / str(before[-1] + 1), ignore_errors=True)
             admin.load("retriever")                          # back to the version that served before
-            deadline = time.monotonic() + 60                 # the retired version finishes unloading
-            while any(m.name == "retriever" and m.state == "UNLOADING" for m in admin.models()):
-                assert time.monotonic() < deadline, "retriever version still unloading after 60 s"
-                time.sleep(0.2)
+            wait_until_settled(admin, "retriever", timeout_s=60)   # the retired version finishes unloading
         assert index_store.versions(MODEL_DIR) == before
         assert admin.retrieve("What colour are zebra crossings in Lisbon?", top_k=1)[0].source != "canary.txt"

@@ -51,7 +51,7 @@ def embed_all(client, texts: list[str], batch: int = EMBED_BATCH, progress: bool
         for start in range(0, len(texts), batch):
             vectors.append(client.embed(texts[start:start + batch]).vectors)
             bar.update(len(vectors[-1]))
-    return np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32)
+    return np.concatenate(vectors)
 
 
 def build(folder: str | Path, client, model_dir: Path = DEFAULT_MODEL_DIR, *,

@@ -78,7 +78,8 @@ class GrpcTransport:
     def stream(self, model: str, tensors: dict[str, np.ndarray], stream: bool,
                parameters: dict | None = None) -> Iterator[dict]:
         """Responses of one request on a gRPC stream (decoupled models); an abandoned iteration
-        cancels the request on the server."""
+        cancels the request on the server. `stream` matters to HTTP only (which endpoint): over gRPC
+        the model's `stream` input decides how many responses come."""
         client = self._module.InferenceServerClient(self.url)  # one stream per client object
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
