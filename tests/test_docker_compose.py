@@ -77,6 +77,10 @@ def test_every_referenced_path_exists(compose):
         if target.startswith("/opt/tritonserver/backends/"):
             assert (ROOT / source / "model.py").is_file()
             assert not target.endswith("/onnxruntime"), "the image's native onnxruntime backend must serve ONNX"
+    mounted = {v.split(":")[1].rsplit("/", 1)[-1] for v in triton["volumes"]
+               if v.split(":")[1].startswith("/opt/tritonserver/backends/")}
+    project = {p.name for p in (ROOT / "backends").iterdir() if (p / "model.py").is_file()}
+    assert mounted == project - {"onnxruntime"}, "every project backend but onnxruntime is mounted"
 
 
 def test_prometheus_scrapes_triton_metrics_and_dashboard_parses():
