@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._attention_ref import attend_paged_ref
+from llm_engine.kernels._paged_kv import load_kv_tile
 from llm_engine.kernels._validate import (
     expect_dtype,
     expect_launchable,
@@ -96,12 +97,8 @@ def _prefill_kernel(
         for tile_start in range(0, kv_end, BLOCK_N):
             tokens = tile_start + tl.arange(0, BLOCK_N)
             token_mask = tokens < kv_end
-            block_ids = tl.load(block_tables_ptr + seq * stride_bt + tokens // PAGE_SIZE, mask=token_mask, other=0)
-            slots = block_ids.to(tl.int64) * PAGE_SIZE + tokens % PAGE_SIZE
-            kv_offsets = slots[:, None] * stride_cache_token + kv_head * stride_cache_head + dims[None, :]
-            # e4m3 values are exact in q's dtype; FP8 scales are applied after the dots.
-            k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+            k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tokens,
+                                       token_mask, kv_head, dims, stride_cache_token, stride_cache_head, q, PAGE_SIZE)
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             if IS_FP8:
                 k_scale = tl.load(k_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
