@@ -46,6 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
         ("rerank", "cli_rerank", "score passages against a query, best first"),
         ("models", "cli_models", "list, load, unload or reload models (repository API)"),
         ("index", "cli_index", "build or list retriever index versions"),
+        ("bench", "cli_bench", "benchmark rag queries against a running server, with a per-step breakdown"),
     ]:
         command = importlib.import_module(f"ragstack.{module}")
         p = sub.add_parser(name, help=help_text, description=command.__doc__)
