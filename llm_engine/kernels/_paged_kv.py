@@ -17,3 +17,19 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_ma
     k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
     v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
     return k, v, slots
+
+
+@triton.jit
+def online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, slots, token_mask, kv_head, num_kv_heads, q,
+                        IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold one tile's masked, scaled log2-domain scores and its V into the running
+    (max, sum, accumulator); FP8 V scales are applied to the probabilities."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IS_FP8:
+        v_scale = tl.load(v_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+        p = p * v_scale[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc

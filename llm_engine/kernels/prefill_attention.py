@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._attention_ref import attend_paged_ref
-from llm_engine.kernels._paged_kv import load_kv_tile
+from llm_engine.kernels._paged_kv import load_kv_tile, online_softmax_step
 from llm_engine.kernels._validate import (
     expect_dtype,
     expect_launchable,
@@ -106,15 +106,8 @@ def _prefill_kernel(
             visible = token_mask[None, :] & (tokens[None, :] <= q_positions[:, None])
             scores = tl.where(visible, scores * qk_scale, float("-inf"))
             # Every row sees KV position 0 in the first tile, so m_new is finite from then on.
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(scores - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IS_FP8:
-                v_scale = tl.load(v_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
-                p = p * v_scale[None, :]
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, slots, token_mask, kv_head,
+                                                num_kv_heads, q, IS_FP8, DOT_PRECISION)
 
         out = acc / l_i[:, None]
         out_offsets = (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
