@@ -85,19 +85,16 @@ def test_non_streaming_prepends_prompt_unless_excluded(server):
 
 
 def test_token_counts_when_asked(server):
+    results = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
     inputs = llm_inputs("count me", stream=False, sampling=GREEDY,
                         extra={"return_num_input_tokens": (True, "BOOL"), "return_num_output_tokens": (True, "BOOL")})
-    session = StreamSession(server.grpc_url)
-    results = []
-    session._callback = lambda result, error: results.append((result, error))
-    session.client.stop_stream()
-    session.client.start_stream(callback=session._callback)
-    session.client.async_stream_infer("llm", inputs, request_id="n")
+    client.async_stream_infer("llm", inputs, request_id="n")
     deadline = time.monotonic() + 60
     while not results and time.monotonic() < deadline:
         time.sleep(0.05)
-    session.close()
+    client.stop_stream()
     client.close()
     result, error = results[0]
     assert error is None
