@@ -2,7 +2,9 @@
 
 Each step's integer inputs (token ids, positions, cache slots, context lengths, query offsets,
 block tables, the rows to sample) are built with numpy from flat per-sequence lists and packed into
-one int32 array, so a step costs a single host-to-device copy.
+one int32 array, so a step costs a single host-to-device copy. Each segment starts on a 16-byte
+boundary: Triton specialises kernels on pointer alignment, so unaligned views would compile new
+kernel variants whenever the batch size changed.
 
 Attention: a decode-only batch (one new token per sequence) uses paged decode attention and, on
 CUDA, replays a CUDA graph captured for the next bucketed batch size. Any batch with a longer chunk
@@ -20,6 +22,7 @@ import torch
 
 from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
+from llm_engine.kernels.prefill_attention import MIN_BATCH_BUCKET
 from llm_engine.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
 from llm_engine.layers.attention import AttentionMetadata
 from llm_engine.loader import load_model
@@ -30,6 +33,10 @@ from llm_engine.tokenizer import Tokenizer
 # tables are that wide, and every replay copies and scans the full width. Longer contexts run
 # eagerly, where attention time dwarfs the launch overhead a graph saves.
 GRAPH_MAX_CONTEXT = 8192
+# int32 elements per 16 bytes: every packed step-input segment starts on this boundary.
+SEGMENT_ALIGN = 4
+# Context of the warm-up decode that takes the split-KV path.
+SPLIT_WARMUP_CONTEXT = 2048
 
 
 class ModelRunner:
@@ -151,7 +158,8 @@ class ModelRunner:
         segments += [("block_tables", block_tables.ravel()), ("logits_indices", logits_indices)]
         sizes = [(name, a.size) for name, a in segments]
         sizes[-2] = ("block_tables", (num_rows, width))
-        return np.concatenate([a for _, a in segments]).astype(np.int32), sizes
+        packed = [np.pad(a, (0, -a.size % SEGMENT_ALIGN)) for _, a in segments]
+        return np.concatenate(packed).astype(np.int32), sizes
 
     @staticmethod
     def _views(flat: torch.Tensor, sizes: list[tuple[str, int | tuple[int, int]]]) -> dict[str, torch.Tensor]:
@@ -164,6 +172,7 @@ class ModelRunner:
             else:
                 views[name] = flat[offset:offset + size]
                 offset += size
+            offset += -offset % SEGMENT_ALIGN
         return views
 
     def _pinned(self, host: np.ndarray) -> torch.Tensor:
@@ -188,28 +197,36 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        """One largest prefill step and one widest eager decode step, so their kernels compile before serving."""
-        self._dummy_run(num_tokens=self.config.max_num_batched_tokens, decode=False)
-        self._dummy_run(num_tokens=min(self.config.max_num_seqs, self.config.max_num_batched_tokens), decode=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        """Steps that compile every kernel variant the scheduler's batches can need, before serving.
+
+        Step shapes only change integer arguments and grids, which the kernels do not specialise
+        on; what remains are the prefill kernel's batch buckets and the decode kernel's single-
+        and multi-split paths. The largest prefill and the widest decode also profile peak memory.
+        """
+        cfg = self.config
+        max_len, budget = cfg.max_model_len, cfg.max_num_batched_tokens
+        full, rest = divmod(budget, max_len)
+        largest = ([max_len] * full + ([rest] if rest else []))[: cfg.max_num_seqs]
+        self._dummy_run([(n, n) for n in largest])
+        short = min(2, max_len)
+        self._dummy_run([(short, 1)] * min(cfg.max_num_seqs, budget))
+        if self.device.type != "cuda":
+            return  # the CPU runs the torch references: nothing to compile
+        # One sequence with a long context: the decode kernel splits it.
+        self._dummy_run([(min(max_len, SPLIT_WARMUP_CONTEXT), 1)])
+        # Prefill batches of up to MIN_BATCH_BUCKET, then each doubling, share a variant.
+        max_batch, batch = min(cfg.max_num_seqs, budget // short), MIN_BATCH_BUCKET
+        while batch < max_batch:
+            batch = min(2 * batch, max_batch)
+            self._dummy_run([(short, short)] * batch)
+        torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def _dummy_run(self, num_tokens: int, decode: bool) -> None:
-        """One eager step of placeholder sequences over a scratch KV pool, so no cached block is touched.
-
-        decode: num_tokens sequences of one new token each; else num_tokens prompt tokens in
-        sequences of at most max_model_len.
-        """
-        max_len = self.config.max_model_len
-        if decode:
-            lens, new = [min(2, max_len)] * num_tokens, [1] * num_tokens
-        else:
-            full, rest = divmod(num_tokens, max_len)
-            lens = ([max_len] * full + ([rest] if rest else []))[: self.config.max_num_seqs]
-            new = lens
+    def _dummy_run(self, lengths: list[tuple[int, int]]) -> None:
+        """One eager step of placeholder sequences, (context length, new tokens) each, over a
+        scratch KV pool, so no cached block is touched."""
         seqs, next_block = [], 0
-        for length, n in zip(lens, new):
+        for length, n in lengths:
             seq = Sequence(token_ids=[0] * length, sampling_params=None, num_computed_tokens=length - n)
             num_blocks = -(-length // self.block_size)
             seq.block_table = list(range(next_block, next_block + num_blocks))
@@ -221,6 +238,7 @@ class ModelRunner:
         bound = [(a.k_cache, a.v_cache, a.k_scale, a.v_scale) for a in layers]
         scratch.bind(layers)
         try:
+            new = [n for _, n in lengths]
             self.execute_eager(ScheduledBatch(seqs=seqs, num_new_tokens=new, sample=[True] * len(seqs)))
         finally:
             for attn, caches in zip(layers, bound):
@@ -251,8 +269,9 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     def _allocate_graph_buffers(self, max_bs: int) -> None:
-        # Per row: input id, position, slot, context length, block table; then the sampled rows.
-        size = max_bs * (4 + self.graph_max_blocks) + max_bs
+        # Per row: input id, position, slot, context length, block table; then the sampled rows;
+        # each of the six segments padded to SEGMENT_ALIGN.
+        size = max_bs * (4 + self.graph_max_blocks) + max_bs + 6 * SEGMENT_ALIGN
         self._graph_inputs = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._graph_hidden = torch.empty(max_bs, self.model_config.hidden_size, dtype=self.config.torch_dtype,
                                          device=self.device)

@@ -42,10 +42,12 @@ class Sampler:
         logits = self._apply_penalties(logits, seqs)
 
         device = logits.device
-        greedy = torch.tensor([p.temperature == 0 for p in params], device=device)
-        if bool(greedy.all()):
+        # Decided on the host: a device-side all() would cost a sync every step.
+        greedy_rows = [p.temperature == 0 for p in params]
+        if all(greedy_rows):
             chosen = logits.argmax(dim=-1)
         else:
+            greedy = torch.tensor(greedy_rows, device=device)
             temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)
             logits.div_(temps.unsqueeze(1))
             logits = _apply_top_k_top_p(logits, params)

@@ -48,7 +48,9 @@ def paged_decode_attention_ref(
     return out
 
 
-@triton.jit
+# Ints that vary from step to step are not specialised on (== 1, % 16), so a new batch shape
+# never compiles a new variant while serving.
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, partial_out_ptr, partial_lse_ptr,
@@ -64,6 +66,7 @@ def _decode_split_kernel(
     WRITE_FINAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    FP8_AS_FP16: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -82,6 +85,9 @@ def _decode_split_kernel(
     # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
     if UPCAST_DOT:
         q = q.to(tl.float32)
+    elif FP8_AS_FP16:
+        # e4m3 -> fp16 is one instruction, -> bf16 goes through fp32: FP8 KV computes in fp16.
+        q = q.to(tl.float16)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -113,7 +119,7 @@ def _decode_split_kernel(
         tl.store(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / safe_l[:, None], mask=head_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     partial_out_ptr, partial_lse_ptr, out_ptr,
     stride_ob, stride_oh, num_q_heads, num_splits,
@@ -185,6 +191,7 @@ def paged_decode_attention(
         WRITE_FINAL=num_splits == 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
+        FP8_AS_FP16=is_fp8 and q.dtype == torch.bfloat16,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
     )
@@ -193,7 +200,8 @@ def paged_decode_attention(
             partial_out, partial_lse, out,
             out.stride(0), out.stride(1), num_q_heads, num_splits,
             HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            # One variant for every split count up to the configured maximum.
+            BLOCK_S=triton.next_power_of_2(max(num_splits, params["max_splits"])),
             num_warps=params["reduce_num_warps"],
         )
     return out

@@ -21,6 +21,8 @@ from llm_engine.kernels._validate import (
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634
+# The smallest BLOCK_B (sequences scanned per program to find its tile): fewer variants to compile.
+MIN_BATCH_BUCKET = 16
 
 
 def paged_prefill_attention_ref(
@@ -46,7 +48,9 @@ def paged_prefill_attention_ref(
     return out
 
 
-@triton.jit
+# Ints that vary from step to step are not specialised on (== 1, % 16), so a new batch shape
+# never compiles a new variant while serving.
+@triton.jit(do_not_specialize=["stride_bt", "batch"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,
     out_ptr,
@@ -61,6 +65,7 @@ def _prefill_kernel(
     IS_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    FP8_AS_FP16: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -88,6 +93,9 @@ def _prefill_kernel(
         # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
         if UPCAST_DOT:
             q = q.to(tl.float32)
+        elif FP8_AS_FP16:
+            # e4m3 -> fp16 is one instruction, -> bf16 goes through fp32: FP8 KV computes in fp16.
+            q = q.to(tl.float16)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -153,14 +161,21 @@ def paged_prefill_attention(
         PAGE_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_N=params["BLOCK_N"],
-        BLOCK_B=triton.next_power_of_2(batch),
+        BLOCK_B=prefill_batch_bucket(batch),
         IS_FP8=is_fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
+        FP8_AS_FP16=is_fp8 and q.dtype == torch.bfloat16,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
     )
     return out
+
+
+def prefill_batch_bucket(batch: int) -> int:
+    """The BLOCK_B variant serving a batch: powers of two from MIN_BATCH_BUCKET, so a warm-up
+    can compile each of the few variants once."""
+    return max(MIN_BATCH_BUCKET, triton.next_power_of_2(batch))
 
 
 def _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale) -> None:
