@@ -7,10 +7,10 @@ boundary: Triton specialises kernels on pointer alignment, so unaligned views wo
 kernel variants whenever the batch size changed.
 
 Attention: a decode-only batch (one new token per sequence) uses paged decode attention and, on
-CUDA, replays a CUDA graph captured for the next bucketed batch size. Any batch with a longer chunk
-runs every sequence, its decodes included, through paged prefill attention in one launch (a
-sequence's queries are the last tokens of its context, so a decode is a 1-token chunk); splitting
-mixed batches would launch every layer's kernels twice for little gain.
+CUDA, replays a CUDA graph captured for the next bucketed batch size. A batch with prefill chunks
+runs eagerly; its leading decodes still go through the decode kernel and only the chunks through
+paged prefill attention (a 1-token query would fill a whole prefill tile of BLOCK_M rows, and
+would re-read its KV for every query head of a GQA group).
 """
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ class ModelRunner:
         host, sizes = self._prepare(batch, num_rows=len(batch.seqs), width=None, prefill=prefill)
         inputs = self._views(self._upload(host), sizes)
         meta = AttentionMetadata(inputs["slot_mapping"], inputs["block_tables"], inputs["context_lens"],
-                                 inputs["cu_seqlens_q"] if prefill else None)
+                                 inputs["cu_seqlens_q"] if prefill else None,
+                                 _leading_decodes(batch.num_new_tokens) if prefill else 0)
         hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
         return self.model.compute_logits(hidden[inputs["logits_indices"]])
 
@@ -153,8 +154,9 @@ class ModelRunner:
             context_lens = np.pad(context_lens, (0, pad), constant_values=1)
         segments = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slot_mapping),
                     ("context_lens", context_lens)]
-        if prefill:
-            segments.append(("cu_seqlens_q", cu_seqlens))
+        if prefill:  # the prefill sequences' offsets, from their first token (see AttentionMetadata)
+            d = _leading_decodes(batch.num_new_tokens)
+            segments.append(("cu_seqlens_q", cu_seqlens[d:] - d))
         segments += [("block_tables", block_tables.ravel()), ("logits_indices", logits_indices)]
         sizes = [(name, a.size) for name, a in segments]
         sizes[-2] = ("block_tables", (num_rows, width))
@@ -290,3 +292,12 @@ class ModelRunner:
             self._graph_hidden[:bs] = self.model(inputs["input_ids"], inputs["positions"], meta)
 
         return body
+
+
+def _leading_decodes(num_new_tokens: list[int]) -> int:
+    """How many sequences at the front of a step with prefill chunks have one new token
+    (the scheduler puts decodes first)."""
+    for i, n in enumerate(num_new_tokens):
+        if n != 1:
+            return i
+    return len(num_new_tokens)

@@ -143,7 +143,7 @@ def decode_bench(case, s: Sizes, batch, context, kv_dtype, gen, goal=None) -> Be
     expected = K.paged_decode_attention_ref(*args)
     # Shown so that a sweep's best num_splits can be set against the heuristic's pick.
     auto_splits = _choose_num_splits(batch, s.kv_heads, block_tables.shape[1] * s.block_size,
-                                     launch_params("paged_decode_attention", q.device, q.dtype))
+                                     launch_params("paged_decode_attention", q.device, q.dtype, k_cache.dtype))
     token_head_bytes = s.head_dim * k_cache.element_size() + (4 if k_scale is not None else 0)
     kv_bytes = 2 * batch * context * s.kv_heads * token_head_bytes
     tiles = itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (None, 1, 2, 4, 8, 16, 32))

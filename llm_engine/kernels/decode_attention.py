@@ -160,7 +160,7 @@ def paged_decode_attention(
     batch, num_q_heads, head_dim = q.shape
     expect_power_of_two("head_dim", head_dim, 16)
     _, block_size, num_kv_heads, _ = k_cache.shape
-    params = launch_params("paged_decode_attention", q.device, q.dtype)
+    params = launch_params("paged_decode_attention", q.device, q.dtype, k_cache.dtype)
     if num_splits is None:
         num_splits = _choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, params)
     elif num_splits < 1:

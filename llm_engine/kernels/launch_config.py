@@ -3,7 +3,8 @@
 `launch_configs/<family>.json` is used when <family> (the file stem) appears in the lower-cased
 CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/interpreter runs,
 use default.json. Each kernel's section holds a "default" entry and optional per-dtype
-overrides ("float32": {...}) for tiles that would not fit in shared memory at 4 bytes an element.
+overrides: "float32": {...} for tiles that would not fit in shared memory at 4 bytes an element,
+"float8_e4m3fn": {...} for FP8 KV, whose half-size tiles want longer loops in flight.
 Values are chosen offline: nothing is autotuned on the hot path. `override_launch_params` lets
 a benchmark sweep try other values without editing the JSON.
 """
@@ -21,15 +22,16 @@ CONFIG_DIR = Path(__file__).parent / "launch_configs"
 _overrides: dict[str, dict] = {}
 
 
-def launch_params(kernel: str, device: torch.device, dtype: torch.dtype | None = None) -> dict:
-    """Parameters of one kernel: its "default" entry, overlaid by the entry named after dtype,
-    then by any override_launch_params in force.
+def launch_params(kernel: str, device: torch.device, *dtypes: torch.dtype) -> dict:
+    """Parameters of one kernel: its "default" entry, overlaid by the entries named after each
+    of dtypes in turn (e.g. the query's, then the KV cache's), then by any override_launch_params
+    in force.
 
     A GPU family's file may leave kernels out; those come from default.json.
     """
     section = _config_for(_device_family(device)).get(kernel) or _config_for("default")[kernel]
     params = dict(section["default"])
-    if dtype is not None:
+    for dtype in dtypes:
         params.update(section.get(str(dtype).removeprefix("torch."), {}))
     override = _overrides.get(kernel, {})
     unknown = set(override) - set(params)

@@ -143,7 +143,7 @@ def paged_prefill_attention(
     out = torch.empty_like(q)
     if num_tokens == 0 or batch == 0:
         return out
-    params = launch_params("paged_prefill_attention", q.device, q.dtype)
+    params = launch_params("paged_prefill_attention", q.device, q.dtype, k_cache.dtype)
     block_m = params["BLOCK_M"]
     is_fp8 = k_cache.dtype == torch.float8_e4m3fn
     # Each sequence wastes at most one partial tile; programs past the real tiles exit at once.

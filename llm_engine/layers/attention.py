@@ -11,12 +11,19 @@ from llm_engine import ops
 
 @dataclass
 class AttentionMetadata:
-    """Per-step tensors, shared by every layer of the forward pass."""
+    """Per-step tensors, shared by every layer of the forward pass.
+
+    A step with prefill chunks runs its leading `num_decodes` sequences (one new token each)
+    through the decode kernel, which reads each KV head once for its whole GQA group, and the
+    rest through the prefill kernel: a 1-token query in a prefill tile would waste the tile.
+    """
 
     slot_mapping: torch.Tensor         # [T] cache slot (block * block_size + offset) of each new token; < 0: skip
     block_tables: torch.Tensor         # int32 [B, max_blocks] physical blocks of each sequence
     context_lens: torch.Tensor         # int32 [B] tokens in each sequence's context, this step's included
-    cu_seqlens_q: torch.Tensor | None  # int32 [B + 1] query offsets; None: decode (one query per sequence)
+    cu_seqlens_q: torch.Tensor | None  # int32 [B - num_decodes + 1] query offsets of the prefill sequences,
+                                       # from their first token; None: decode only
+    num_decodes: int = 0               # leading one-token sequences of a step with prefill chunks
 
 
 class Attention(nn.Module):
@@ -39,9 +46,16 @@ class Attention(nn.Module):
         """q [T, Hq, D], k/v [T, Hkv, D] (the step's new tokens) -> [T, Hq * D]."""
         ops.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         if meta.cu_seqlens_q is None:
-            out = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-                                             self.scale, self.k_scale, self.v_scale)
+            out = self._decode(q, meta.block_tables, meta.context_lens)
         else:
-            out = ops.paged_prefill_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                              meta.context_lens, self.scale, self.k_scale, self.v_scale)
+            d = meta.num_decodes
+            out = ops.paged_prefill_attention(q[d:], self.k_cache, self.v_cache, meta.block_tables[d:],
+                                              meta.cu_seqlens_q, meta.context_lens[d:], self.scale,
+                                              self.k_scale, self.v_scale)
+            if d:
+                out = torch.cat([self._decode(q[:d], meta.block_tables[:d], meta.context_lens[:d]), out])
         return out.view(-1, self.num_heads * self.head_dim)
+
+    def _decode(self, q: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        return ops.paged_decode_attention(q, self.k_cache, self.v_cache, block_tables, context_lens, self.scale,
+                                          self.k_scale, self.v_scale)
