@@ -103,6 +103,11 @@ class AsyncLLMEngine:
         try:
             while not done:
                 item = await queue.get()
+                # Outputs that queued up while the consumer was busy go out as one: a slow
+                # consumer (a response per output over IPC) then falls no further behind.
+                while not queue.empty() and isinstance(item, RequestOutput) and not item.finished:
+                    following = queue.get_nowait()
+                    item = following.following(item) if isinstance(following, RequestOutput) else following
                 if isinstance(item, BaseException):
                     done = True
                     raise item

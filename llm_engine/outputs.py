@@ -1,6 +1,7 @@
 """What the engine reports: per-step request outputs and request / engine statistics."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -68,6 +69,12 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def following(self, earlier: RequestOutput) -> RequestOutput:
+        """This output as if it also carried `earlier`'s deltas (a consumer that fell behind
+        takes several steps' outputs as one)."""
+        return dataclasses.replace(self, delta_text=earlier.delta_text + self.delta_text,
+                                   delta_token_ids=earlier.delta_token_ids + self.delta_token_ids)
 
 
 @dataclass
