@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -72,6 +73,9 @@ def test_abort_mid_stream_ends_with_abort_and_frees_blocks(make_async):
 
 def test_a_cancelled_consumer_aborts_its_request(make_async):
     engine = make_async()
+    # 5 ms steps (the hook returns None: no failure), so the request is still generating when the
+    # consumer is cancelled; a fast engine would finish it first, its outputs merged.
+    engine.engine.model_runner.fail_when = lambda batch: time.sleep(0.005)
     done = threading.Event()
 
     async def main():
@@ -193,3 +197,20 @@ def test_streaming_a_real_model(tiny_checkpoints):
         assert outs[-1].finish_reason == "length"
     assert aborted[-1].finish_reason == "abort" and len(aborted[-1].token_ids) < 200
     assert llm.engine.get_stats().kv_blocks_used == 0
+
+
+def test_a_slow_consumer_gets_the_outputs_it_missed_merged(make_async):
+    engine = make_async()
+
+    async def main():
+        outputs = []
+        async for out in engine.add_request("r", "a", params(max_tokens=20, ignore_eos=True)):
+            outputs.append(out)
+            if len(outputs) == 1:
+                await asyncio.sleep(0.2)  # the engine runs ahead meanwhile
+        return outputs
+
+    outputs = asyncio.run(main())
+    assert len(outputs) < 20 and outputs[-1].finished
+    assert "".join(o.delta_text for o in outputs) == outputs[-1].text
+    assert [t for o in outputs for t in o.delta_token_ids] == outputs[-1].token_ids
