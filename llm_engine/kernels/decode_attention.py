@@ -48,9 +48,10 @@ def paged_decode_attention_ref(
     return out
 
 
-# Ints that vary from step to step are not specialised on (== 1, % 16), so a new batch shape
-# never compiles a new variant while serving.
-@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
+# Step-dependent ints are not specialised on (== 1, % 16), nor the metadata pointers on their
+# alignment (a mixed step passes row slices), so no batch shape compiles a variant while serving.
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "context_lens_ptr", "stride_bt", "num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, partial_out_ptr, partial_lse_ptr,
@@ -119,7 +120,7 @@ def _decode_split_kernel(
         tl.store(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / safe_l[:, None], mask=head_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["num_splits"])
 def _decode_reduce_kernel(
     partial_out_ptr, partial_lse_ptr, out_ptr,
     stride_ob, stride_oh, num_q_heads, num_splits,

@@ -48,9 +48,11 @@ def paged_prefill_attention_ref(
     return out
 
 
-# Ints that vary from step to step are not specialised on (== 1, % 16), so a new batch shape
-# never compiles a new variant while serving.
-@triton.jit(do_not_specialize=["stride_bt", "batch"])
+# Step-dependent ints are not specialised on (== 1, % 16), nor the metadata pointers on their
+# alignment (a mixed step passes row slices), so no batch shape compiles a variant while serving.
+@triton.jit(do_not_specialize=["stride_bt", "batch"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "cu_seqlens_ptr", "context_lens_ptr",
+                                            "stride_bt", "batch"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,
     out_ptr,
