@@ -53,6 +53,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
+        self._pending: list[tuple[Request, float]] = []  # sampled last step, not yet turned into outputs
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -111,6 +112,12 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None:
             return None
+        for pending, sampled_at in self._pending:  # its last token's text still belongs to it
+            if pending is req:
+                self._absorb_token(req, sampled_at)
+        self._pending = [(r, t) for r, t in self._pending if r is not req]
+        if req.seq.is_finished:  # the token just absorbed ended it (stop string, or eos/length)
+            return self._output(req)
         self.scheduler.abort(request_id)
         return self._output(req)
 
@@ -124,10 +131,16 @@ class LLMEngine:
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batched model step; outputs for every request that got a new token."""
+        """Run one batched model step; outputs for every request that got a new token.
+
+        A step's tokens are turned into outputs (detokenized, stop strings checked) during the
+        next step, on the CPU while the GPU computes: its outputs come back one step later, and an
+        empty step hands out the last ones. A request that a stop string ends this way has had
+        one more token computed, which is dropped.
+        """
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            return []
+            return self._drain_pending()
         now = time.monotonic()
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             stats = self._requests[seq.request_id].stats
@@ -136,36 +149,48 @@ class LLMEngine:
             if n > 1 or seq.num_output_tokens == 0:
                 self._num_prompt_tokens += n
         sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
+        outputs: list[RequestOutput] = []
         try:
             logits = self.model_runner.execute(batch)
+            outputs = self._drain_pending()
             result = self.sampler(logits, sampled) if sampled else None
         except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
             logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
-            return [self._fail(seq, exc) for seq in batch.seqs]
+            outputs += self._drain_pending()
+            return outputs + [self._fail(seq, exc) for seq in batch.seqs if not seq.is_finished]
         if result is None:
             self.scheduler.postprocess(batch, [], [])
-            return []
+            return outputs
         self.scheduler.postprocess(batch, result.token_ids, result.logprobs)
         self._num_generation_tokens += len(sampled)
-
-        now = time.monotonic()
-        outputs = []
-        for seq in sampled:
-            req = self._requests[seq.request_id]
-            try:
-                outputs.append(self._process_token(req, now))
-            except Exception as exc:  # e.g. a detokenizer failure: only this request fails
-                logger.exception("post-processing failed for request %s", req.request_id)
-                outputs.append(self._fail(seq, exc))
+        # Requests already gone (ended by a stop string while this step ran) dropped their token.
+        sampled_at = time.monotonic()
+        self._pending = [(self._requests[s.request_id], sampled_at) for s in sampled if s.request_id in self._requests]
         return outputs
 
-    def _process_token(self, req: Request, now: float) -> RequestOutput:
+    def _drain_pending(self) -> list[RequestOutput]:
+        """Outputs of the tokens the last step sampled."""
+        pending, self._pending = self._pending, []
+        outputs = []
+        for req, sampled_at in pending:
+            if req.request_id not in self._requests:
+                continue  # aborted since
+            try:
+                self._absorb_token(req, sampled_at)
+                outputs.append(self._output(req))
+            except Exception as exc:  # e.g. a detokenizer failure: only this request fails
+                logger.exception("post-processing failed for request %s", req.request_id)
+                outputs.append(self._fail(req.seq, exc))
+        return outputs
+
+    def _absorb_token(self, req: Request, sampled_at: float) -> None:
+        """Account and detokenize the request's last sampled token; a stop string ends it."""
         seq = req.seq
         params = seq.sampling_params
         stats = req.stats
-        stats.token_times.append(now)
+        stats.token_times.append(sampled_at)
         if stats.first_token_time is None:
-            stats.first_token_time = now
+            stats.first_token_time = sampled_at
         # An eos / stop token ends the text without being part of it (as vLLM).
         if seq.finish_reason != "stop":
             req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens)
@@ -174,7 +199,6 @@ class LLMEngine:
                     seq.finish_reason = "stop"
                 else:
                     self.scheduler.finish(seq, "stop")
-        return self._output(req)
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         self.scheduler.finish(seq, "error")

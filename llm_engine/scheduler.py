@@ -150,6 +150,9 @@ class Scheduler:
         finished = []
         i = 0
         for seq, n, is_sampled in zip(batch.seqs, batch.num_new_tokens, batch.sample):
+            if seq.is_finished:  # ended while the step ran (a stop string found late): drop its token
+                i += is_sampled
+                continue
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
             if not is_sampled:
