@@ -17,6 +17,7 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -143,6 +144,38 @@ def run_hf(model: str, workload: str, requests, batch_size: int) -> Row:
     return row
 
 
+STARTUP_SNIPPET = """
+import sys, time
+t0 = time.perf_counter()
+from llm_engine import LLM
+LLM(sys.argv[1], dtype="bfloat16", max_model_len=int(sys.argv[2]))
+print(time.perf_counter() - t0)
+"""
+
+
+def measure_startup(model: str, max_model_len: int) -> dict:
+    """Load-to-ready (import, weights, KV pool, warm-up, CUDA graphs) in fresh processes: first
+    with an empty Triton kernel cache (cold), then with the cache it filled (warm); and the time
+    to read the weights alone onto the GPU."""
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    for path in sorted(Path(model).glob("*.safetensors")):
+        load_file(path, device="cuda")
+    torch.cuda.synchronize()
+    weights_s = time.perf_counter() - t0
+    gc.collect()
+    torch.cuda.empty_cache()
+    times = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TRITON_CACHE_DIR": cache}
+        for name in ("cold", "warm"):
+            out = subprocess.run([sys.executable, "-c", STARTUP_SNIPPET, model, str(max_model_len)], env=env,
+                                 check=True, capture_output=True, text=True).stdout
+            times[name] = float(out.strip().splitlines()[-1])
+    return {"weights_s": weights_s, **times}
+
+
 def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int) -> float:
     """Single stream: each step reads every weight (embedding rows aside) and the KV so far."""
     cfg = json.loads((Path(model) / "config.json").read_text())
@@ -175,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-batch-size", type=int, default=64)
     parser.add_argument("--no-hf", action="store_true", help="skip the HF baseline")
     parser.add_argument("--max-model-len", type=int, default=17408)
+    parser.add_argument("--startup", action="store_true",
+                        help="also measure load-to-ready with a cold and a warm Triton kernel cache")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
                         help="append the table here (empty to skip)")
@@ -212,13 +247,18 @@ def main(argv: list[str] | None = None) -> int:
              f"{roof:.0f} tok/s"]
     if engine_a:
         notes.append(f"engine (a) at {100 * engine_a.tok_s / roof:.0f}% of the roofline")
+    startup = measure_startup(args.model, args.max_model_len) if args.startup else None
+    if startup:
+        notes.append(f"load-to-ready {startup['warm']:.1f} s with a warm kernel cache, {startup['cold']:.1f} s cold; "
+                     f"reading the weights onto the GPU alone {startup['weights_s']:.1f} s (target: warm <= weights "
+                     f"+ 10 s: {'met' if startup['warm'] <= startup['weights_s'] + 10 else 'missed'})")
     table = header + "\n".join(lines)
     print(table)
     print("; ".join(notes))
     gpu = torch.cuda.get_device_name()
     if args.json:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "bandwidth": bandwidth,
-                                         "roofline_a": roof, "gpu": gpu}, indent=1))
+                                         "roofline_a": roof, "startup": startup, "gpu": gpu}, indent=1))
     if args.record:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
