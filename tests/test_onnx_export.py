@@ -35,31 +35,6 @@ def run(version_dir: Path, encodings) -> np.ndarray:
     return ort.InferenceSession(str(version_dir / "model.onnx")).run(None, feed)[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_cross_encoder(tmp_path_factory) -> Path:
-    """A randomly initialised BertForSequenceClassification with MiniLM's vocabulary."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    folder = tmp_path_factory.mktemp("tiny-cross-encoder")
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        num_labels=1))
-    model.save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (MINILM / name).exists():
-            shutil.copy(MINILM / name, folder / name)
-    return folder
-
-
-@pytest.fixture()
-def repository(tmp_path) -> Path:
-    """A scratch repository with the project's reranker config: a cross-encoder must fit it."""
-    (tmp_path / "reranker").mkdir()
-    shutil.copy(REPOSITORY / "reranker" / "config.pbtxt", tmp_path / "reranker" / "config.pbtxt")
-    return tmp_path
-
-
 def test_cross_encoder_exports_to_the_reranker_tensors(tiny_cross_encoder, repository, capfd):
     from transformers import AutoModelForSequenceClassification
 

@@ -13,7 +13,7 @@ def test_bench_rows_are_sane(triton_server):
     assert row["qps"] > 0
     assert 0 < row["ttft_p50_ms"] <= row["e2e_p99_ms"]
     assert 0 < row["e2e_p50_ms"] <= row["e2e_p99_ms"]
-    for model in ("embedder", "retriever", "reranker", "llm"):
+    for model in ("embedder", "retriever", "rag_rerank", "llm"):
         assert row["steps"][model]["calls"] >= 4
         assert row["steps"][model]["request_ms"] > 0
     assert row["steps"]["llm"]["ttft_ms"] > 0 and row["steps"]["llm"]["e2e_ms"] > 0

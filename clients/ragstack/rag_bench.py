@@ -30,9 +30,10 @@ QUESTIONS = [
 ]
 # Fixed-length greedy answers: every request costs the same, so levels and runs compare.
 SAMPLING = {"temperature": 0, "ignore_eos": True}
-# The leaf models of the rag ensemble, in pipeline order.
-STEPS = ["embed_tokenizer", "embedder", "retriever", "rerank_tokenizer", "reranker", "prompt_builder",
-         "rag_generate", "llm"]
+# The leaf models of the rag ensemble, in pipeline order (rerank_tokenizer and reranker: called by
+# rag_rerank only when the served reranker is not the embedder's cosine).
+STEPS = ["embed_tokenizer", "embedder", "retriever", "rag_rerank", "rerank_tokenizer", "reranker",
+         "prompt_builder", "rag_generate", "llm"]
 COUNTERS = ["nv_inference_request_success", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
             "nv_inference_compute_infer_duration_us", "triton_llm_time_to_first_token_seconds_sum",
             "triton_llm_time_to_first_token_seconds_count", "triton_llm_e2e_request_latency_seconds_sum",

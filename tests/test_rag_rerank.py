@@ -1,0 +1,72 @@
+"""The rag pipeline's rerank step (rag_rerank) on the real server: with the default reranker (the
+embedder's pair-cosine) the scores are the retriever's and no passage is encoded again; a cross-encoder
+served as `reranker` is called for every query and its scores order the context."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import tritonclient.http as httpclient
+
+from model_states import wait_until_settled
+from ragstack.client import RagClient
+from ragstack.onnx_export import export
+from text_models import rerank
+
+pytestmark = pytest.mark.server
+QUESTION = "How is the KV cache divided into blocks?"
+
+
+@pytest.fixture()
+def clients(triton_server):
+    http = httpclient.InferenceServerClient(triton_server.http_url)
+    with RagClient(triton_server.grpc_url) as rag:
+        yield http, rag
+    http.close()
+
+
+def reranker_executions(http) -> int:
+    return sum(s["execution_count"] for s in http.get_inference_statistics("reranker")["model_stats"])
+
+
+def scores_by_id(http, passages) -> dict[str, float]:
+    """The `rerank` ensemble's score of each passage, by passage id."""
+    return dict(zip((p.id for p in passages), rerank(http, QUESTION, [p.text for p in passages])[0].tolist()))
+
+
+def test_default_reranker_scores_come_from_the_retriever(clients):
+    http, rag = clients
+    passages = rag.retrieve(QUESTION, top_k=8)
+    reranker_would_say = scores_by_id(http, passages)
+    before = reranker_executions(http)
+    context = rag.context(QUESTION, top_k=8, top_n=8)
+    assert reranker_executions(http) == before  # no passage encoded again
+    retrieved = {p.id: p.score for p in passages}
+    assert len(context.sources) >= 3
+    for source in context.sources:
+        assert source.score == pytest.approx(retrieved[source.passage_id], abs=1e-6)
+        assert source.score == pytest.approx(reranker_would_say[source.passage_id], abs=1e-4)
+
+
+def test_a_cross_encoder_in_the_reranker_slot_orders_the_context(clients, tiny_cross_encoder, repository):
+    http, rag = clients
+    export(tiny_cross_encoder, repository, "reranker", 2)
+    config = http.get_model_config("reranker")
+    override = json.dumps({**config, "version_policy": {"specific": {"versions": [2]}}})
+    try:
+        http.load_model("reranker", config=override,
+                        files={"file:2/model.onnx": (repository / "reranker" / "2" / "model.onnx").read_bytes()})
+        passages = rag.retrieve(QUESTION, top_k=8)
+        cross_encoder = scores_by_id(http, passages)
+        assert max(abs(cross_encoder[p.id] - p.score) for p in passages) > 1e-3  # not the cosine
+        before = reranker_executions(http)
+        context = rag.context(QUESTION, top_k=8, top_n=8)
+        assert reranker_executions(http) > before
+        scores = [source.score for source in context.sources]
+        assert scores == sorted(scores, reverse=True)
+        for source in context.sources:
+            assert source.score == pytest.approx(cross_encoder[source.passage_id], abs=1e-5)
+    finally:
+        http.load_model("reranker")  # the repository's config again: version 1
+        wait_until_settled(rag, "reranker")
+    assert rag.context(QUESTION, top_n=1).sources[0].score == pytest.approx(rag.retrieve(QUESTION, 1)[0].score, abs=1e-6)
