@@ -49,7 +49,8 @@ def test_streams_deltas_that_add_up_to_the_text(make_async):
         start = ord("a") + i
         assert outs[-1].finished and outs[-1].text == "".join(chr(start + k) for k in range(1, 7))
         assert "".join(o.delta_text for o in outs) == outs[-1].text
-        assert len(outs) == 6
+        # one output per token, unless the consumer fell behind and got some merged
+        assert sum(len(o.delta_token_ids) for o in outs) == 6 and len(outs) <= 6
 
 
 def test_abort_mid_stream_ends_with_abort_and_frees_blocks(make_async):
