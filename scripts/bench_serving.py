@@ -1,11 +1,15 @@
 """Serving benchmark: the same requests through the real Triton server (gRPC streaming, the llm
-model) and through the engine in-process (AsyncLLMEngine), side by side in one run.
+model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, through the same
+server running HF generate() in a plain Python model (scripts/serving_baselines/hf_generate), side
+by side in one run.
 
 The script writes a temporary model repository whose `llm` runs --model with the given engine
-settings, starts the server with the launcher, sends N requests at each concurrency, stops it,
-then replays the same requests in-process. Rows: output tok/s, TTFT and inter-token p50/p99.
+settings, starts the server with the launcher, sends N requests at each concurrency, stops it;
+with --baseline hf it does the same for a repository holding only the baseline (the GPU is the
+baseline's alone); then it replays the same requests in-process. Rows: output tok/s, TTFT and
+inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole request).
 
-    python scripts/bench_serving.py --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64
+    python scripts/bench_serving.py --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import os
 import platform
 import random
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
@@ -27,6 +32,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+HF_BASELINE = ROOT / "scripts" / "serving_baselines" / "hf_generate"
+HF_SYSTEM = "hf-generate (triton)"
+TARGET_SPEEDUP = 2.6  # issue 7: the published vLLM-over-Triton-PyTorch throughput gap
 
 
 @dataclass
@@ -51,11 +59,14 @@ def make_requests(tokenizer, n: int, prompt_range, output_range, seed=0):
     return out
 
 
-async def run_triton(url: str, requests, concurrency: int) -> tuple[list[Result], float]:
+async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
+                     batched: bool = False) -> tuple[list[Result], float]:
+    """`batched`: the model has max_batch_size > 0, so every tensor carries a batch dimension of 1."""
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     sem = asyncio.Semaphore(concurrency)
+    shape = [1, 1] if batched else [1]
 
     def inputs(prompt: str, max_tokens: int):
         tensors = []
@@ -66,22 +77,22 @@ async def run_triton(url: str, requests, concurrency: int) -> tuple[list[Result]
                                                               "ignore_eos": True}).encode()], dtype=np.object_),
                  "BYTES"),
                 ("return_num_output_tokens", np.array([True]), "BOOL")):
-            t = grpcclient.InferInput(name, [1], dtype)
-            t.set_data_from_numpy(value)
+            t = grpcclient.InferInput(name, shape, dtype)
+            t.set_data_from_numpy(value.reshape(shape))
             tensors.append(t)
         return tensors
 
     async def one(i: int, prompt: str, max_tokens: int) -> Result:
         async with sem:
             async def gen():
-                yield {"model_name": "llm", "inputs": inputs(prompt, max_tokens), "request_id": str(i)}
+                yield {"model_name": model, "inputs": inputs(prompt, max_tokens), "request_id": str(i)}
             start = time.perf_counter()
             times, tokens = [], 0
             async for result, error in client.stream_infer(gen()):
                 if error is not None:
                     raise RuntimeError(f"request {i}: {error}")
                 times.append(time.perf_counter())
-                tokens += int(result.as_numpy("num_output_tokens")[0])
+                tokens += int(result.as_numpy("num_output_tokens").reshape(-1)[0])
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     break
             return Result(times[0] - start, list(np.diff(times)), tokens)
@@ -130,6 +141,53 @@ def write_repository(dest: Path, model: str, settings: dict) -> None:
     (llm / "1" / "engine.json").write_text(json.dumps({"model": str(Path(model).resolve()), **settings}))
 
 
+def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
+    """The HF generate() baseline as the model `hf_generate`: its config filled in, model.py in 1/."""
+    folder = dest / "hf_generate"
+    (folder / "1").mkdir(parents=True)
+    template = string.Template((HF_BASELINE / "config.pbtxt.template").read_text())
+    (folder / "config.pbtxt").write_text(template.substitute(model=Path(model).resolve(),
+                                                             max_batch_size=max_batch_size))
+    shutil.copy(HF_BASELINE / "model.py", folder / "1" / "model.py")
+
+
+def serve(write, model: str, system: str, requests, levels: list[int], batched: bool = False) -> list[dict]:
+    """A server on a fresh repository that `write(dest)` fills with `model`: every concurrency, then stop."""
+    from ragstack.launcher import ServerOptions, TritonServer, free_port
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write(Path(tmp))
+        options = ServerOptions(model_repositories=[Path(tmp)], models=[model], http_port=free_port(),
+                                grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900)
+        load_start = time.perf_counter()
+        with TritonServer(options) as server:
+            print(f"{system}: server ready in {time.perf_counter() - load_start:.1f} s", flush=True)
+            for c in levels:
+                rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests, c, model,
+                                                                         batched))))
+                print(rows[-1], flush=True)
+    return rows
+
+
+def comparison(rows: list[dict], c: int) -> str:
+    """One concurrency: Triton against in-process and, when it ran, against the HF baseline."""
+    row = {r["system"]: r for r in rows if r["concurrency"] == c}
+    t, p, hf = row["triton"], row["in-process"], row.get(HF_SYSTEM)
+    text = f"c={c}: Triton {100 * t['tok_s'] / p['tok_s']:.0f}% of in-process"
+    if hf:
+        speedup = t["tok_s"] / hf["tok_s"]
+        lower = t["ttft_p99_ms"] < hf["ttft_p99_ms"]
+        text += (f", {speedup:.1f}x HF generate (target >= {TARGET_SPEEDUP}x: "
+                 f"{'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}), p99 TTFT {t['ttft_p99_ms']:,.0f} vs "
+                 f"{hf['ttft_p99_ms']:,.0f} ms (lower: {'yes' if lower else 'NO'})")
+    return text
+
+
+def ms(value: float) -> str:
+    return "-" if np.isnan(value) else f"{value:.1f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", default="128,1024", help="min,max prompt tokens")
     parser.add_argument("--output-len", default="128,512", help="min,max output tokens")
     parser.add_argument("--engine", default="{}", help="JSON of EngineConfig settings for both systems")
+    parser.add_argument("--baseline", choices=["hf"], help="also serve HF generate() in a plain Python model")
+    parser.add_argument("--baseline-batch-size", type=int,
+                        help="the baseline's max_batch_size: most requests one generate() call takes; default: "
+                             "the largest concurrency, so no request waits for a batch slot")
+    parser.add_argument("--baseline-requests", type=int,
+                        help="send the baseline only the first N requests (it is slow); default: all")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
@@ -147,24 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     from llm_engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
     from llm_engine.tokenizer import Tokenizer
-    from ragstack.launcher import ServerOptions, TritonServer, free_port
 
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
     tokenizer = Tokenizer(args.model)
     requests = make_requests(tokenizer, args.num_requests, [int(x) for x in args.prompt_len.split(",")],
                              [int(x) for x in args.output_len.split(",")])
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        write_repository(Path(tmp), args.model, settings)
-        options = ServerOptions(model_repositories=[Path(tmp)], models=["llm"], http_port=free_port(),
-                                grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900)
-        load_start = time.perf_counter()
-        with TritonServer(options) as server:
-            print(f"server ready in {time.perf_counter() - load_start:.1f} s", flush=True)
-            for c in levels:
-                rows.append(summarize("triton", c, *asyncio.run(run_triton(server.grpc_url, requests, c))))
-                print(rows[-1], flush=True)
+    rows = serve(lambda dest: write_repository(dest, args.model, settings), "llm", "triton", requests, levels)
+    if args.baseline:
+        batch_size = args.baseline_batch_size or max(levels)
+        rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
+                      HF_SYSTEM, requests[:args.baseline_requests], levels, batched=True)
 
     async def in_process():
         engine = AsyncLLMEngine.from_config(EngineConfig(model=args.model, **settings))
@@ -181,13 +238,9 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         table.append(f"| {r['system']} | {r['concurrency']} | {r['requests']} | {r['output_tokens']} | "
-                     f"{r['tok_s']:,.0f} | {r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | "
-                     f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} |")
-    ratios = []
-    for c in levels:
-        t = next(r for r in rows if r["system"] == "triton" and r["concurrency"] == c)
-        p = next(r for r in rows if r["system"] == "in-process" and r["concurrency"] == c)
-        ratios.append(f"c={c}: Triton {100 * t['tok_s'] / p['tok_s']:.0f}% of in-process")
+                     f"{r['tok_s']:,.0f} | {ms(r['ttft_p50_ms'])} / {ms(r['ttft_p99_ms'])} | "
+                     f"{ms(r['itl_p50_ms'])} / {ms(r['itl_p99_ms'])} |")
+    ratios = [comparison(rows, c) for c in levels]
     text = "\n".join(table)
     print(text)
     print("; ".join(ratios))
@@ -203,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                                  text=True).stdout.strip() or os.environ.get("RAGSTACK_COMMIT", "unknown"))
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
-            f.write(f"\n## LLM through Triton vs in-process ({stamp})\n\nMachine: {machine}, {platform.node()}; "
+            title = "LLM through Triton vs in-process" + (" and HF generate() through Triton" if args.baseline else "")
+            f.write(f"\n## {title} ({stamp})\n\nMachine: {machine}, {platform.node()}; "
                     f"commit {commit}; command: `python scripts/bench_serving.py {' '.join(argv)}`\n\n"
                     f"{text}\n\n{'; '.join(ratios)}.\n")
     return 0

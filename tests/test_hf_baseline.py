@@ -1,0 +1,52 @@
+"""The HF generate() baseline of scripts/bench_serving.py on its own real server: requests sent together
+run as one batch, each answered with its own number of tokens; sampling it cannot do is refused."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ragstack.launcher import TritonServer
+from server_helpers import free_server_options
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_serving  # noqa: E402 - a script, not a package
+
+TINY = ROOT / "model_repository" / "llm" / "1" / "tiny-qwen2"
+
+
+@pytest.fixture(scope="module")
+def baseline_server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("hf_repository")
+    bench_serving.write_hf_baseline(repository, str(TINY), max_batch_size=4)
+    options = free_server_options(model_repositories=[repository], models=["hf_generate"])
+    with TritonServer(options, work_dir=tmp_path_factory.mktemp("hf_triton")) as server:
+        yield server
+
+
+def test_a_batch_answers_each_request_with_its_tokens(baseline_server):
+    requests = [("the quick brown fox", n) for n in (3, 9, 5, 7)]
+    results, _ = asyncio.run(bench_serving.run_triton(baseline_server.grpc_url, requests, concurrency=4,
+                                                      model="hf_generate", batched=True))
+    assert [r.tokens for r in results] == [3, 9, 5, 7]
+    assert all(r.gaps == [] for r in results)  # one response per request
+    stats = grpcclient.InferenceServerClient(baseline_server.grpc_url).get_inference_statistics("hf_generate")
+    model = stats.model_stats[0]
+    assert model.inference_count == 4 and model.execution_count < 4  # batched by the dynamic batcher
+
+
+def test_sampling_is_refused_with_the_field(baseline_server):
+    inputs = []
+    for name, value in (("text_input", b"hello"), ("sampling_parameters", json.dumps({"temperature": 0.7}).encode())):
+        tensor = grpcclient.InferInput(name, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.object_))
+        inputs.append(tensor)
+    with pytest.raises(InferenceServerException, match="temperature must be 0"):
+        grpcclient.InferenceServerClient(baseline_server.grpc_url).infer("hf_generate", inputs)
