@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_engine.kernels._attention_ref import attend_paged_ref
 from llm_engine.kernels._paged_kv import load_kv_tile, online_softmax_step
 from llm_engine.kernels._validate import (
     expect_launchable,
@@ -18,6 +17,7 @@ from llm_engine.kernels._validate import (
     expect_power_of_two,
     expect_shape,
 )
+from llm_engine.kernels.kv_cache import gather_kv_batch_ref
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634
@@ -41,11 +41,18 @@ def paged_decode_attention_ref(
     num_splits only shapes the kernel's work split; the reference ignores it.
     """
     _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
-    out = torch.empty_like(q)
-    for b, context_len in enumerate(context_lens.tolist()):
-        out[b] = attend_paged_ref(q[b : b + 1], k_cache, v_cache, k_scale, v_scale,
-                                  block_tables[b], context_len, scale)[0].to(q.dtype)
-    return out
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    # The whole batch at once (the CPU serves decodes with this): padded to the longest context.
+    length = int(context_lens.max())
+    k = gather_kv_batch_ref(k_cache, k_scale, block_tables, length)
+    v = gather_kv_batch_ref(v_cache, v_scale, block_tables, length)
+    group = q.shape[1] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,bkhd->bhk", q.float(), k) * scale
+    past_context = torch.arange(length, device=q.device)[None, :] >= context_lens[:, None].long()
+    scores.masked_fill_(past_context[:, None, :], float("-inf"))
+    return torch.einsum("bhk,bkhd->bhd", scores.softmax(dim=-1), v).to(q.dtype)
 
 
 # Step-dependent ints are not specialised on (== 1, % 16), nor the metadata pointers on their

@@ -69,13 +69,24 @@ def gather_kv_ref(
     context_len: int,
 ) -> torch.Tensor:
     """One sequence's first context_len cached tokens as float32 [context_len, Hkv, D]."""
+    return gather_kv_batch_ref(cache, scale, block_table[None], context_len)[0]
+
+
+def gather_kv_batch_ref(
+    cache: torch.Tensor,
+    scale: torch.Tensor | None,
+    block_tables: torch.Tensor,
+    length: int,
+) -> torch.Tensor:
+    """The first `length` token slots of each block-table row as float32 [B, length, Hkv, D]
+    (slots past a sequence's context hold whatever their block does)."""
     block_size = cache.shape[1]
-    blocks = block_table[: triton.cdiv(context_len, block_size)].long()
+    blocks = block_tables[:, : triton.cdiv(length, block_size)].long()
     # Gather bytes, not float8 values: index_select has no float8 kernel on every backend.
     raw = cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
-    tokens = raw[blocks].flatten(0, 1)[:context_len].view(cache.dtype).float()
+    tokens = raw[blocks].flatten(1, 2)[:, :length].view(cache.dtype).float()
     if scale is not None:
-        tokens = tokens * scale[blocks].flatten(0, 1)[:context_len, :, None]
+        tokens = tokens * scale[blocks].flatten(1, 2)[:, :length, :, None]
     return tokens
 
 
