@@ -90,13 +90,14 @@ class AsyncLLMEngine:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting requests, let in-flight ones finish for up to `timeout` seconds (None:
-        no limit), abort the rest, and stop the loop thread."""
+        no limit), abort the rest, stop the loop thread and close the engine."""
         with self._lock:
             self._closing = True
             if timeout is not None:
                 self._deadline = time.monotonic() + timeout
             self._wakeup.notify()
         self._thread.join()
+        self.engine.close()
 
     async def _iterate(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         done = False

@@ -28,6 +28,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False             # True: no CUDA graphs
     max_waiting: int | None = 1024          # bound of the waiting queue; None: unbounded
+    tensor_parallel_size: int = 1           # processes (GPUs from `device` on) the model is split over
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -47,6 +48,8 @@ class EngineConfig:
         _expect_min("cpu_kv_cache_tokens", self.cpu_kv_cache_tokens, self.block_size)
         if self.max_waiting is not None:
             _expect_min("max_waiting", self.max_waiting, 1)
+        _expect_min("tensor_parallel_size", self.tensor_parallel_size, 1)
+        self.model_config.per_rank(self.tensor_parallel_size)  # raises unless the shapes split evenly
 
     @property
     def torch_device(self) -> torch.device:

@@ -26,6 +26,16 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any; also on leaving a `with LLM(...)` block."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(self, prompts: Prompt | SequenceT[Prompt],
                  sampling_params: SamplingParams | SequenceT[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:

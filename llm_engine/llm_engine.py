@@ -20,6 +20,7 @@ from llm_engine.sampler import Sampler
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler
 from llm_engine.sequence import Sequence
+from llm_engine.tp_runner import create_model_runner
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,10 @@ class Request:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_runner: ModelRunner | None = None) -> None:
-        """`model_runner` defaults to ModelRunner(config); pass one to share or substitute it."""
+        """`model_runner` defaults to a ModelRunner for config (rank 0's, starting the other ranks, when
+        tensor_parallel_size > 1); pass one to share or substitute it."""
         self.config = config
-        self.model_runner = model_runner if model_runner is not None else ModelRunner(config)
+        self.model_runner = model_runner if model_runner is not None else create_model_runner(config)
         self.tokenizer = self.model_runner.tokenizer
         self.max_model_len = config.max_model_len
         self.vocab_size = config.model_config.vocab_size  # logits width; ids at or above it are invalid
@@ -228,6 +230,10 @@ class LLMEngine:
             stats=req.stats,
             error=error,
         )
+
+    def close(self) -> None:
+        """Stop what the model runner started (tensor-parallel workers); the engine is unusable after."""
+        self.model_runner.close()
 
     # --- stats --------------------------------------------------------------------------------
 

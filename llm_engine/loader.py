@@ -2,9 +2,10 @@
 
 The model is created uninitialised on the target device in the target dtype; each parameter is then
 copied from its checkpoint tensor(s), converting on the fly. Tensors are read through safetensors'
-lazy `get_slice`, so a tensor-parallel rank can later read just its rows/columns of each tensor
-(`slice_[start:end]`) without materialising the rest. Fused parameters (qkv_proj, gate_up_proj)
-are filled shard by shard from the separate q/k/v and gate/up checkpoint tensors.
+lazy `get_slice`, so a tensor-parallel rank reads just its rows or columns of each split tensor
+(the parameter's `tensor_shard`) without materialising the rest. Fused parameters (qkv_proj,
+gate_up_proj) are filled shard by shard from the separate q/k/v and gate/up checkpoint tensors;
+under tensor parallelism each from this rank's block of q, k, v, gate and up.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from safetensors import safe_open
 from torch import nn
 
 from llm_engine.config import EngineConfig
+from llm_engine.distributed import SINGLE, TensorParallelGroup
+from llm_engine.layers.parallel_linear import TensorShard
 from llm_engine.models.registry import get_model_class
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -73,13 +76,14 @@ class SafetensorsCheckpoint:
         return weight_map
 
 
-def load_model(config: EngineConfig) -> nn.Module:
-    """The model of config.model with its weights, on config.torch_device in config.torch_dtype, in eval mode."""
+def load_model(config: EngineConfig, tp: TensorParallelGroup = SINGLE) -> nn.Module:
+    """The model of config.model (rank tp.rank's shard of it) with its weights, on config.torch_device
+    in config.torch_dtype, in eval mode."""
     model_config = config.model_config
     model_class = get_model_class(model_config.architecture)
     device = config.torch_device
     with torch.device(device), _default_dtype(config.torch_dtype):
-        model = model_class(model_config, config.max_model_len)
+        model = model_class(model_config.per_rank(tp.size), config.max_model_len, tp)
     with SafetensorsCheckpoint(model_config.path, device) as checkpoint:
         load_weights(model, checkpoint)
     return model.eval()
@@ -130,9 +134,30 @@ def _copy_into(param: nn.Parameter, shard_id, tensor_slice, name: str) -> None:
         offset, size = param.shard_offsets[shard_id]
         target = target.narrow(0, offset, size)
     shape = tuple(tensor_slice.get_shape())
-    if shape != tuple(target.shape):
-        raise ValueError(f"checkpoint tensor {name} has shape {shape}; the model expects {tuple(target.shape)}")
-    target.copy_(tensor_slice[:])
+    shard = getattr(param, "tensor_shard", None)
+    if shard is None:
+        if shape != tuple(target.shape):
+            raise ValueError(f"checkpoint tensor {name} has shape {shape}; the model expects {tuple(target.shape)}")
+        target.copy_(tensor_slice[:])
+    else:
+        _copy_shard(target, shard, tensor_slice, shape, name)
+
+
+def _copy_shard(target: torch.Tensor, shard: TensorShard, tensor_slice, shape: tuple[int, ...], name: str) -> None:
+    """Read block shard.rank of the checkpoint tensor along shard.dim into target."""
+    dim, block = shard.dim, target.shape[shard.dim]
+    total = block * shard.size
+    if shard.padded and -(-shape[dim] // shard.size) == block:
+        total = shape[dim]  # the vocabulary: the last block is short
+    expected = tuple(target.shape[:dim]) + (total,) + tuple(target.shape[dim + 1:])
+    if shape != expected:
+        raise ValueError(f"checkpoint tensor {name} has shape {shape}; tensor-parallel rank {shard.rank} of "
+                         f"{shard.size} expects {expected}, split along dim {dim} into blocks of {block}")
+    start = min(shard.rank * block, total)
+    rows = min(start + block, total) - start
+    if rows:
+        target.narrow(dim, 0, rows).copy_(tensor_slice[(slice(None),) * dim + (slice(start, start + rows),)])
+    target.narrow(dim, rows, block - rows).zero_()
 
 
 @contextlib.contextmanager

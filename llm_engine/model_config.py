@@ -7,7 +7,7 @@ view whichever transformers version wrote the file (v4 `rope_scaling`/`torch_dty
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,20 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    def per_rank(self, tp_size: int) -> "ModelConfig":
+        """The shapes one of `tp_size` tensor-parallel ranks holds: its attention heads, KV heads and
+        MLP columns. Hidden size and vocabulary stay whole (the embedding splits the vocabulary)."""
+        if tp_size == 1:
+            return self
+        split = {}
+        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            value = getattr(self, name)
+            if value % tp_size:
+                raise ValueError(f"tensor_parallel_size {tp_size} must divide the model's {name} {value} "
+                                 f"({self.path / 'config.json'})")
+            split[name] = value // tp_size
+        return replace(self, **split)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":

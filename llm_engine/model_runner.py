@@ -11,10 +11,14 @@ CUDA, replays a CUDA graph captured for the next bucketed batch size. A batch wi
 runs eagerly; its leading decodes still go through the decode kernel and only the chunks through
 paged prefill attention (a 1-token query would fill a whole prefill tile of BLOCK_M rows, and
 would re-read its KV for every query head of a GQA group).
+
+A step runs in three parts, so that tensor parallelism (tp_runner.py, worker.py) can send it to the
+other ranks between them: prepare_step (host side, rank 0 only), upload_step, run_step (every rank).
 """
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -22,6 +26,7 @@ import torch
 
 from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
+from llm_engine.distributed import SINGLE, TensorParallelGroup
 from llm_engine.kernels.prefill_attention import MIN_BATCH_BUCKET
 from llm_engine.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
 from llm_engine.layers.attention import AttentionMetadata
@@ -39,10 +44,23 @@ SEGMENT_ALIGN = 4
 SPLIT_WARMUP_CONTEXT = 2048
 
 
+@dataclass
+class StepLayout:
+    """How a step's packed int32 inputs are laid out and run: what the other tensor-parallel
+    ranks receive (as JSON) besides the packed array."""
+
+    sizes: list[tuple[str, int | tuple[int, int]]]  # the segments (_views)
+    num_values: int                                 # the packed array's length
+    graph_rows: int = 0                             # the CUDA graph that replays the step; 0: eager
+    num_decodes: int = 0                            # leading decodes of a step with prefill chunks
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TensorParallelGroup = SINGLE) -> None:
+        """`tp`: this process's tensor-parallel rank; the runner holds and computes its shard."""
         self.config = config
-        self.model_config = config.model_config
+        self.tp = tp
+        self.model_config = config.model_config.per_rank(tp.size)  # this rank's heads: its KV pool
         self.device = config.torch_device
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -50,8 +68,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.graph_max_blocks = -(-min(config.max_model_len, GRAPH_MAX_CONTEXT) // config.block_size)
         self.tokenizer = Tokenizer(self.model_config.path)
-        self.model = load_model(config)
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.model = load_model(config, tp)
+        self.num_kv_blocks = tp.min(self._num_kv_blocks())  # one block table indexes every rank's pool
         self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size,
                                           config.kv_cache_torch_dtype, self.device)
         self.kv_cache.bind(self.model.attention_layers)
@@ -75,20 +93,49 @@ class ModelRunner:
         """Write the batch's KV and return float32 logits [num_sampled, vocab], in batch order."""
         if not batch.seqs:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        if self.graphs and self._fits_graph(batch):
-            return self._execute_graph(batch)
-        return self.execute_eager(batch)
+        host, layout = self.prepare_step(batch, graphs=True)
+        return self.run_step(self.upload_step(host, layout), layout)
 
     @torch.inference_mode()
     def execute_eager(self, batch: ScheduledBatch) -> torch.Tensor:
         """execute() without CUDA graphs."""
+        host, layout = self.prepare_step(batch, graphs=False)
+        return self.run_step(self.upload_step(host, layout), layout)
+
+    def prepare_step(self, batch: ScheduledBatch, graphs: bool) -> tuple[np.ndarray, StepLayout]:
+        """The step's packed inputs and their layout; with `graphs`, a decode batch that fits one
+        replays a CUDA graph."""
+        if graphs and self.graphs and self._fits_graph(batch):
+            rows = self.graph_batch_sizes[bisect.bisect_left(self.graph_batch_sizes, len(batch.seqs))]
+            host, sizes = self._prepare(batch, num_rows=rows, width=self.graph_max_blocks, prefill=False)
+            return host, StepLayout(sizes, host.size, graph_rows=rows)
         prefill = not batch.is_decode_only
         host, sizes = self._prepare(batch, num_rows=len(batch.seqs), width=None, prefill=prefill)
-        inputs = self._views(self._upload(host), sizes)
-        meta = AttentionMetadata(inputs["slot_mapping"], inputs["block_tables"], inputs["context_lens"],
-                                 inputs["cu_seqlens_q"] if prefill else None,
-                                 _leading_decodes(batch.num_new_tokens) if prefill else 0)
-        hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
+        return host, StepLayout(sizes, host.size, num_decodes=_leading_decodes(batch.num_new_tokens) if prefill else 0)
+
+    def upload_step(self, host: np.ndarray, layout: StepLayout) -> torch.Tensor:
+        """The packed inputs on the device; a graph reads them from fixed addresses: its static buffer."""
+        if layout.graph_rows:
+            return self._graph_inputs[: host.size].copy_(self._pinned(host), non_blocking=True)
+        return self._upload(host)
+
+    def step_buffer(self, layout: StepLayout) -> torch.Tensor:
+        """Where a tensor-parallel worker receives the packed inputs that rank 0 uploaded."""
+        if layout.graph_rows:
+            return self._graph_inputs[: layout.num_values]
+        return torch.empty(layout.num_values, dtype=torch.int32, device=self.device)
+
+    def run_step(self, flat: torch.Tensor, layout: StepLayout) -> torch.Tensor | None:
+        """The forward pass over uploaded step inputs: execute()'s logits (None on tensor-parallel
+        ranks other than 0)."""
+        inputs = self._views(flat, layout.sizes)
+        if layout.graph_rows:
+            self.graphs[layout.graph_rows].replay()
+            hidden = self._graph_hidden[: layout.graph_rows]
+        else:
+            meta = AttentionMetadata(inputs["slot_mapping"], inputs["block_tables"], inputs["context_lens"],
+                                     inputs.get("cu_seqlens_q"), layout.num_decodes)
+            hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
         return self.model.compute_logits(hidden[inputs["logits_indices"]])
 
     def _fits_graph(self, batch: ScheduledBatch) -> bool:
@@ -96,14 +143,8 @@ class ModelRunner:
         return (batch.is_decode_only and len(batch.seqs) <= self.graph_batch_sizes[-1]
                 and max(s.num_computed_tokens for s in batch.seqs) < max_context)
 
-    def _execute_graph(self, batch: ScheduledBatch) -> torch.Tensor:
-        rows = self.graph_batch_sizes[bisect.bisect_left(self.graph_batch_sizes, len(batch.seqs))]
-        host, sizes = self._prepare(batch, num_rows=rows, width=self.graph_max_blocks, prefill=False)
-        # The graph reads its inputs from fixed addresses: refill them, then replay.
-        self._graph_inputs[: host.size].copy_(self._pinned(host), non_blocking=True)
-        self.graphs[rows].replay()
-        logits_indices = self._views(self._graph_inputs, sizes)["logits_indices"]
-        return self.model.compute_logits(self._graph_hidden[:rows][logits_indices])
+    def close(self) -> None:
+        """Nothing to release on one rank; the tensor-parallel runner stops its workers here."""
 
     def _prepare(self, batch: ScheduledBatch, num_rows: int, width: int | None,
                  prefill: bool) -> tuple[np.ndarray, list[tuple[str, int | tuple[int, int]]]]:

@@ -5,14 +5,18 @@ import torch
 from torch import nn
 
 from llm_engine import ops
-from llm_engine.layers.linear import Linear, MergedLinear
+from llm_engine.distributed import SINGLE, TensorParallelGroup
+from llm_engine.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    """`intermediate_size` is this rank's share of the MLP width (all of it at tensor-parallel size 1)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, {0: intermediate_size, 1: intermediate_size})
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, {0: intermediate_size, 1: intermediate_size},
+                                                 bias=False, tp=tp)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))

@@ -66,6 +66,9 @@ class CountingRunner:
         logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 20.0
         return logits
 
+    def close(self):
+        self.closed = True
+
 
 def fake_config(**overrides):
     values = dict(block_size=4, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=32,
