@@ -97,12 +97,16 @@ class WorkerGroup:
         """Tell the workers to leave their loop, wait for them to exit, release the group."""
         if self._stopped:
             return
-        self.tp.send_command("stop")
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
+        try:
+            self.tp.send_command("stop")
+        except RuntimeError:  # a worker is gone: nothing to wait for, the rest are killed below
+            pass
+        else:
+            for proc in self.procs:
+                try:
+                    proc.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    pass
         self.kill()
 
     def kill(self) -> None:

@@ -1,9 +1,10 @@
 """The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
 not, HTTP generate and generate_stream, concurrency, cancellation, bad input, overload, unload and
-reload, metrics."""
+reload, metrics; and llm_tp2, the same checkpoint over two tensor-parallel ranks."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -17,10 +18,10 @@ from llm_streams import StreamSession, llm_inputs
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
 
 
-def generate(url: str, prompt: str, sampling=GREEDY, stream=True, **kw):
+def generate(url: str, prompt: str, sampling=GREEDY, stream=True, model="llm", **kw):
     session = StreamSession(url)
     try:
-        c = session.send("r0", llm_inputs(prompt, stream=stream, sampling=sampling, **kw))
+        c = session.send("r0", llm_inputs(prompt, stream=stream, sampling=sampling, **kw), model=model)
         session.wait_all(120)
     finally:
         session.close()
@@ -285,4 +286,53 @@ def test_unload_and_reload_during_and_after_traffic(server):
         client.load_model("llm")
         assert client.is_model_ready("llm")
         assert generate(server.grpc_url, "back again").finals == 1
+    client.close()
+
+
+
+def processes() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of every process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                table[int(entry)] = (parent, f.read())
+        except OSError:  # it exited meanwhile
+            continue
+    return table
+
+
+def tensor_parallel_workers(server) -> list[int]:
+    """Pids of the llm_engine.worker processes under the server (children of its model stubs)."""
+    table = processes()
+    below, frontier = set(), {server.process.pid}
+    while frontier:
+        frontier = {pid for pid, (parent, _) in table.items() if parent in frontier}
+        below |= frontier
+    return sorted(pid for pid in below if b"llm_engine.worker" in table[pid][1])
+
+
+def test_tensor_parallel_model_generates_what_one_rank_does(server):
+    """llm_tp2 (tests/fixtures) serves llm's checkpoint over two ranks: greedy text is the same."""
+    for prompt in ("The capital of France is", "Two plus two"):
+        two = generate(server.grpc_url, prompt, model="llm_tp2")
+        assert not two.errors and two.finals == 1 and two.finish_reasons == ["length"]
+        assert two.text == generate(server.grpc_url, prompt).text
+
+
+def test_unloading_the_tensor_parallel_model_stops_its_worker(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert len(tensor_parallel_workers(server)) == 1  # rank 1; rank 0 is the model's stub
+    client.unload_model("llm_tp2")
+    deadline = time.monotonic() + 60
+    while (client.is_model_ready("llm_tp2") or tensor_parallel_workers(server)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tensor_parallel_workers(server) == []
+    client.load_model("llm_tp2")  # a fresh stub starts a fresh rank 1
+    assert client.is_model_ready("llm_tp2") and len(tensor_parallel_workers(server)) == 1
+    assert generate(server.grpc_url, "back again", model="llm_tp2").finals == 1
     client.close()

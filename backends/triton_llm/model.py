@@ -59,7 +59,11 @@ class TritonPythonModel:
 
         self._unavailable_errors = (EngineOverloadedError, EngineClosedError)
         engine = LLMEngine(config)
-        _warm_up(engine)  # every kernel variant compiled before the model reports ready
+        try:
+            _warm_up(engine)  # every kernel variant compiled before the model reports ready
+        except BaseException:
+            engine.close()  # tensor-parallel workers too
+            raise
         self.engine = AsyncLLMEngine(engine)
         self.tokenizer = engine.tokenizer
         self.metrics = None
@@ -182,7 +186,7 @@ class TritonPythonModel:
 
     def finalize(self):
         """Let in-flight requests finish (up to shutdown_timeout_s), abort the rest with a final
-        response each, then release the engine and its GPU memory."""
+        response each, then release the engine (its tensor-parallel workers stop) and its GPU memory."""
         timeout = self.backend_settings["shutdown_timeout_s"]
         pb_utils.Logger.log_info(f"triton_llm: finalize, waiting up to {timeout:.0f} s for in-flight requests")
         self.engine.shutdown(timeout=timeout)

@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from llm_engine.config import EngineConfig
+from llm_engine.distributed import TensorParallelGroup
 from llm_engine.layers.rotary_embedding import compute_inv_freq
 from llm_engine.loader import SafetensorsCheckpoint, load_model
 from llm_engine.model_config import ModelConfig
@@ -108,6 +109,7 @@ def test_engine_config_defaults(tiny_checkpoints):
     ("num_kv_blocks", 0, r"num_kv_blocks must be an integer >= 1"),
     ("max_waiting", 0, r"max_waiting must be an integer >= 1"),
     ("device", "tpu", r"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    ("tensor_parallel_size", 0, r"tensor_parallel_size must be an integer >= 1"),
 ])
 def test_engine_config_rejects_bad_values(tiny_checkpoints, field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -176,6 +178,77 @@ def test_shape_mismatch_is_named(copy_of):
     edit_json(folder / "config.json", intermediate_size=96)
     with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight has shape \(128, 64\); .*\(96, 64\)"):
         load_model(EngineConfig(model=str(folder), device="cpu"))
+
+
+# --- tensor-parallel shards ---------------------------------------------------------------------
+
+class RecordedSlice:
+    """A checkpoint slice that notes which part of its tensor was read."""
+
+    def __init__(self, tensor_slice, name: str, reads: dict) -> None:
+        self.tensor_slice, self.name, self.reads = tensor_slice, name, reads
+
+    def get_shape(self):
+        return self.tensor_slice.get_shape()
+
+    def __getitem__(self, index):
+        self.reads[self.name] = index
+        return self.tensor_slice[index]
+
+
+def load_rank(monkeypatch, folder, rank: int, size: int = 2) -> tuple[torch.nn.Module, dict]:
+    """Rank `rank`'s model shard (no process group needed to build and load one) and what it read."""
+    reads = {}
+    get_slice = SafetensorsCheckpoint.get_slice
+    monkeypatch.setattr(SafetensorsCheckpoint, "get_slice",
+                        lambda self, name: RecordedSlice(get_slice(self, name), name, reads))
+    config = EngineConfig(model=str(folder), device="cpu", tensor_parallel_size=size)
+    return load_model(config, TensorParallelGroup(rank, size)), reads
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_reads_only_its_block_of_each_split_tensor(tiny_checkpoints, monkeypatch, rank):
+    folder = tiny_checkpoints["tiny-qwen2"]  # q/k/v biases, tied embeddings
+    model, reads = load_rank(monkeypatch, folder, rank)
+    state = load_file(str(folder / "model.safetensors"))
+    assert set(reads) == set(state)
+    for name, index in reads.items():
+        tensor = state[name]
+        if name.endswith("norm.weight"):
+            assert tensor[index].shape == tensor.shape, name  # replicated: read whole
+            continue
+        dim = 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0  # row- / column-parallel
+        half = tensor.shape[dim] // 2
+        assert torch.equal(tensor[index], tensor.narrow(dim, rank * half, half)), name
+    p = "model.layers.1."
+    block = {n: state[f"{p}self_attn.{n}_proj.weight"].chunk(2)[rank] for n in "qkv"}
+    assert torch.equal(model.model.layers[1].self_attn.qkv_proj.weight, torch.cat([block[n] for n in "qkv"]))
+    assert torch.equal(model.model.layers[1].mlp.down_proj.weight, state[f"{p}mlp.down_proj.weight"].chunk(2, 1)[rank])
+    assert torch.equal(model.model.embed_tokens.weight, state["model.embed_tokens.weight"].chunk(2)[rank])
+
+
+def test_a_vocabulary_that_does_not_split_evenly_is_padded(copy_of, monkeypatch):
+    folder = copy_of("tiny-llama")  # untied LM head
+    state = load_file(str(folder / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        state[name] = state[name][:511].contiguous()
+    save_file(state, str(folder / "model.safetensors"))
+    edit_json(folder / "config.json", vocab_size=511)
+    model, _ = load_rank(monkeypatch, folder, rank=1)
+    for name, param in (("model.embed_tokens.weight", model.model.embed_tokens.weight),
+                        ("lm_head.weight", model.lm_head.weight)):
+        assert param.shape == (256, 64)
+        assert torch.equal(param[:255], state[name][256:]) and not param[255].any(), name
+
+
+def test_a_split_tensor_of_the_wrong_shape_is_named(copy_of, monkeypatch):
+    folder = copy_of("tiny-llama")
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.layers.0.mlp.up_proj.weight"] = state["model.layers.0.mlp.up_proj.weight"][:127].contiguous()
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"up_proj.weight has shape \(127, 64\); tensor-parallel rank 0 of 2 "
+                                         r"expects \(128, 64\), split along dim 0 into blocks of 64"):
+        load_rank(monkeypatch, folder, rank=0)
 
 
 # --- tokenizer ----------------------------------------------------------------------------------
