@@ -6,6 +6,10 @@ prompts uniform in 128..1024, outputs uniform in 128..512 (ignore_eos); c = 8 re
 prompts, 128 output tokens; d = FP8 KV against bf16 KV on b and c.
 
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a,b --num-requests 1000
+
+Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
+
+    python scripts/bench_engine.py --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
 """
 from __future__ import annotations
 
@@ -82,24 +86,27 @@ def measure_bandwidth() -> float:
     return 2 * n * 4 / float(np.median(times))
 
 
-def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int) -> Row:
+def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int) -> Row:
+    """Peak memory is rank 0's GPU (each rank holds its shard and KV pool)."""
     from llm_engine import LLM, SamplingParams
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    llm = LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len)
-    prompts = [ids for ids, _ in requests]
-    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
-    llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 8)
-    seconds = time.perf_counter() - t0
+    with LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
+             tensor_parallel_size=tp) as llm:
+        prompts = [ids for ids, _ in requests]
+        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
+        llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 8)
+        seconds = time.perf_counter() - t0
     n_out = sum(len(o.token_ids) for o in outputs)
     ttft = [o.stats.time_to_first_token for o in outputs]
     itl = [g for o in outputs for g in o.stats.inter_token_latencies]
-    row = Row("engine", workload, kv_dtype, len(outputs), n_out, seconds, n_out / seconds, pct(ttft, 50),
-              pct(ttft, 99), pct(itl, 50), pct(itl, 99), torch.cuda.max_memory_allocated() / 1e9)
+    row = Row("engine" if tp == 1 else f"engine TP={tp}", workload, kv_dtype, len(outputs), n_out, seconds,
+              n_out / seconds, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
+              torch.cuda.max_memory_allocated() / 1e9)
     del llm, outputs
     gc.collect()
     torch.cuda.empty_cache()
@@ -209,11 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=17408)
     parser.add_argument("--startup", action="store_true",
                         help="also measure load-to-ready with a cold and a warm Triton kernel cache")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="GPUs (one process each, from cuda:0) the engine splits the model over")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
                         help="append the table here (empty to skip)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.startup and args.tensor_parallel_size > 1:
+        parser.error("--startup reads the weights onto one GPU: run it with --tensor-parallel-size 1")
 
     cfg = json.loads((Path(args.model) / "config.json").read_text())
     names = args.workloads.split(",")
@@ -224,14 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for workload, kv in runs:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
-        rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len))
+        rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size))
         print(rows[-1], flush=True)
-        if not args.no_hf and kv == "auto":
+        if not args.no_hf and kv == "auto" and args.tensor_parallel_size == 1:
             subset = requests[:args.hf_requests] if (workload == "b" and args.hf_requests) else requests
             rows.append(run_hf(args.model, workload, subset, args.hf_batch_size))
             print(rows[-1], flush=True)
 
-    roof = roofline_tok_s(args.model, bandwidth, 128, 256)
+    # Each rank reads its share of the weights and KV: ideally the bandwidth of all its GPUs together.
+    roof = roofline_tok_s(args.model, bandwidth * args.tensor_parallel_size, 128, 256)
     header = ("| system | workload | KV | requests | output tok | s | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms "
               "| peak GB |\n|---|---|---|---|---|---|---|---|---|---|\n")
 
@@ -241,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"| {r.system} | {r.workload} | {r.kv_dtype} | {r.requests} | {r.output_tokens} | {r.seconds:.1f} | "
              f"{r.tok_s:,.0f} | {fmt(r.ttft_p50_ms)} / {fmt(r.ttft_p99_ms)} | {fmt(r.itl_p50_ms)} / "
              f"{fmt(r.itl_p99_ms)} | {r.peak_mem_gb:.1f} |" for r in rows]
-    engine_a = next((r for r in rows if r.system == "engine" and r.workload == "a"), None)
-    notes = [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s; single-stream roofline for (a) "
+    engine_a = next((r for r in rows if r.system.startswith("engine") and r.workload == "a"), None)
+    gpus = "" if args.tensor_parallel_size == 1 else f" per GPU, x{args.tensor_parallel_size} GPUs"
+    notes = [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s{gpus}; single-stream roofline for (a) "
              f"{roof:.0f} tok/s"]
     if engine_a:
         notes.append(f"engine (a) at {100 * engine_a.tok_s / roof:.0f}% of the roofline")
