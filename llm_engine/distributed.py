@@ -2,7 +2,7 @@
 need, and the commands rank 0 broadcasts to the other ranks each step.
 
 The group is torch.distributed's default one (one engine per process): NCCL between GPUs, gloo
-between CPU processes. With size 1 nothing here is called; the layers check `size` first.
+between CPU processes. At size 1 no collective runs: the layers check `size` first.
 """
 from __future__ import annotations
 
