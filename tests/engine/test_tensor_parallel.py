@@ -1,5 +1,6 @@
-"""Tensor parallelism on the CPU: two ranks (this process and one worker, over gloo) against one
-rank on the same weights; the worker processes' lifecycle (stop, failure, rank 0's death)."""
+"""Tensor parallelism: two ranks (this process and one worker; gloo on the CPU, NCCL on two GPUs
+when there are) against one rank on the same weights; the worker processes' lifecycle (stop,
+failure, rank 0's death), on the CPU."""
 from __future__ import annotations
 
 import os
@@ -44,10 +45,15 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> bool:
     return not any(alive(p) for p in pids)
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2"])
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.device_count() >= 2 else [])
+
+
+@pytest.fixture(scope="module", params=[(a, d) for d in DEVICES for a in ("tiny-llama", "tiny-qwen2")],
+                ids=lambda p: "-".join(p))
 def one_and_two_ranks(request, tiny_checkpoints):
-    folder = str(tiny_checkpoints[request.param])
-    with LLM(folder, **CONFIG) as one, LLM(folder, tensor_parallel_size=2, **CONFIG) as two:
+    arch, device = request.param
+    folder, config = str(tiny_checkpoints[arch]), {**CONFIG, "device": device}
+    with LLM(folder, **config) as one, LLM(folder, tensor_parallel_size=2, **config) as two:
         yield one, two
 
 
