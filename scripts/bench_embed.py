@@ -19,7 +19,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "clients"))
+from ragstack.provenance import source_commit  # noqa: E402
 CONCURRENCY = (1, 8, 32)
 RESULTS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Embedding (issue 3)"
@@ -103,16 +104,10 @@ def machine() -> str:
     return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
 
 
-def git_commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return (git("rev-parse", "--short", "HEAD") or "no commit") + (" (uncommitted changes)" if git("status", "--porcelain") else "")
-
-
 def record(text: str, ratio: float) -> None:
     entry = (f"\n### {datetime.datetime.now().isoformat(timespec='seconds')}\n\n"
              f"- machine: {machine()}\n- command: `{' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`\n"
-             f"- git commit: {git_commit()}\n"
+             f"- git commit: {source_commit()}\n"
              f"- Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)\n\n{text}\n")
     content = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
     if SECTION not in content:

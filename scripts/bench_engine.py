@@ -31,6 +31,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "clients"))
+
+from ragstack.provenance import source_commit  # noqa: E402
 
 
 @dataclass
@@ -195,15 +198,6 @@ def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int) -> fl
     return bandwidth / step_bytes
 
 
-def git_commit() -> str:
-    """The checkout's commit; a copy without .git (the GPU machine) passes it as RAGSTACK_COMMIT."""
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("RAGSTACK_COMMIT", "unknown")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF model folder (scripts/make_random_model.py)")
@@ -275,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
             f.write(f"\n## Engine in-process vs HF generate ({stamp})\n\nMachine: {gpu}, {platform.node()}; "
-                    f"commit {git_commit()}; model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L "
+                    f"commit {source_commit()}; model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L "
                     f"random bf16; command: `python scripts/bench_engine.py {' '.join(argv)}`\n\n"
                     f"{table}\n\n{'; '.join(notes)}.\n")
     return 0

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -46,6 +45,8 @@ from llm_engine.kernels.decode_attention import _choose_num_splits  # noqa: E402
 from llm_engine.kernels.launch_config import launch_params, override_launch_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "clients"))
+from ragstack.provenance import source_commit  # noqa: E402
 WARMUP = 3
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
@@ -369,13 +370,6 @@ def fmt_row(r: Row) -> str:
     return f"| {r.case} | {r.shape} | {time} | {value} {r.unit} | {r.pct_of_limit:.0f}% | {r.target} | {met} |"
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: "
@@ -446,7 +440,7 @@ def main() -> int:
     gpu = torch.cuda.get_device_name()
     command = " ".join(["python scripts/bench_kernels.py", *sys.argv[1:]])
     if args.json:
-        args.json.write_text(json.dumps({"gpu": gpu, "commit": git_commit(), "command": command,
+        args.json.write_text(json.dumps({"gpu": gpu, "commit": source_commit(), "command": command,
                                          "limits": asdict(limits), "rows": [asdict(r) for r in rows],
                                          "sweeps": sweeps}, indent=1))
     if args.record:
@@ -455,7 +449,7 @@ def main() -> int:
                    f"CUDA {torch.version.cuda}")
         sweep_text = f"\n\n{BEST_HEADER}\n\n" + "\n".join(best) if best else ""
         with open(args.record, "a") as f:
-            f.write(f"\n## Kernels on {gpu} ({stamp})\n\nMachine: {machine}; commit {git_commit()}; "
+            f.write(f"\n## Kernels on {gpu} ({stamp})\n\nMachine: {machine}; commit {source_commit()}; "
                     f"command: `{command}`\n\n{table}\n\n{limits_line}{sweep_text}\n")
     if num_wrong:
         print(f"{num_wrong} swept configs gave wrong results (see WRONG RESULT above)")

@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import random
 import shutil
 import string
-import subprocess
 import sys
 import tempfile
 import time
@@ -154,6 +152,7 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
 def serve(write, model: str, system: str, requests, levels: list[int], batched: bool = False) -> list[dict]:
     """A server on a fresh repository that `write(dest)` fills with `model`: every concurrency, then stop."""
     from ragstack.launcher import ServerOptions, TritonServer, free_port
+    from ragstack.provenance import source_commit
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
         except ImportError:
             machine = "CPU"
-        commit = (subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout.strip() or os.environ.get("RAGSTACK_COMMIT", "unknown"))
+        commit = source_commit()
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
             title = "LLM through Triton vs in-process" + (" and HF generate() through Triton" if args.baseline else "")

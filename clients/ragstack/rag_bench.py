@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import threading
 import time
 import urllib.request
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ragstack.client import RagClient
+from ragstack.provenance import source_commit
 from ragstack.results import RagstackError
 
 # Questions about data/sample_corpus, so retrieval and reranking work on real matches.
@@ -155,9 +155,7 @@ def table(rows: list[dict]) -> str:
 
 def record(path: str | Path, title: str, command: str, text: str, notes: str = "") -> None:
     """Appends a section to a benchmarks file, in docs/benchmarks.md's style."""
-    root = Path(__file__).resolve().parents[2]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = source_commit()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.node()}"
     with open(path, "a") as f:
