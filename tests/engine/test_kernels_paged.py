@@ -206,7 +206,7 @@ def test_decode_matches_ref(gen, device, dtype, num_q_heads, num_kv_heads, head_
 
 
 @pytest.mark.parametrize("block_size", [8, 32])
-@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 4, 11])  # 11: the merge loops over two chunks, the last all empty
 def test_decode_other_block_sizes(gen, device, block_size, num_splits):
     context_lens = [block_size - 1, block_size, block_size + 1, 3 * block_size + 5]
     kv = make_paged_kv(gen, device, context_lens, 2, 64, torch.float32, block_size=block_size)
