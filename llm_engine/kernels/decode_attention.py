@@ -23,8 +23,6 @@ from llm_engine.kernels.launch_config import interpreting, launch_params
 LOG2_E = 1.4426950408889634
 # tl.dot needs at least 16 rows, so a GQA group is padded up to this many query heads.
 MIN_DOT_ROWS = 16
-# Splits the merge kernel reads per loop iteration.
-REDUCE_BLOCK_S = 8
 
 
 def paged_decode_attention_ref(
@@ -138,26 +136,15 @@ def _decode_reduce_kernel(
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    first = (seq * num_q_heads + head) * num_splits
+    splits = tl.arange(0, BLOCK_S)
+    split_mask = splits < num_splits
+    rows = (seq * num_q_heads + head) * num_splits + splits
+    lse = tl.load(partial_lse_ptr + rows, mask=split_mask, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, axis=0))
     dims = tl.arange(0, HEAD_DIM)
-    # Running max and sums over chunks of BLOCK_S splits, so one variant serves every split count
-    # (split 0 always saw tokens: the max is finite after the first chunk).
-    m_i = tl.full([], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for chunk in range(0, num_splits, BLOCK_S):
-        splits = chunk + tl.arange(0, BLOCK_S)
-        split_mask = splits < num_splits
-        lse = tl.load(partial_lse_ptr + first + splits, mask=split_mask, other=float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(lse, axis=0))
-        alpha = tl.exp2(m_i - m_new)
-        weights = tl.exp2(lse - m_new)
-        partial = tl.load(partial_out_ptr + (first + splits)[:, None] * HEAD_DIM + dims[None, :],
-                          mask=split_mask[:, None], other=0.0)
-        acc = acc * alpha + tl.sum(weights[:, None] * partial, axis=0)
-        total = total * alpha + tl.sum(weights, axis=0)
-        m_i = m_new
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, (acc / total).to(out_ptr.dtype.element_ty))
+    partial = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=split_mask[:, None], other=0.0)
+    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
 
 
 def paged_decode_attention(
@@ -221,7 +208,8 @@ def paged_decode_attention(
             partial_out, partial_lse, out,
             out.stride(0), out.stride(1), num_q_heads, num_splits,
             HEAD_DIM=head_dim,
-            BLOCK_S=REDUCE_BLOCK_S,
+            # One variant for every split count up to the configured maximum.
+            BLOCK_S=triton.next_power_of_2(max(num_splits, params["max_splits"])),
             num_warps=params["reduce_num_warps"],
         )
     return out
