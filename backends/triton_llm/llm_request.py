@@ -28,8 +28,9 @@ OUTPUTS = [
     {"name": "num_input_tokens", "data_type": "TYPE_INT32", "dims": [1]},
     {"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [1]},
 ]
-MAX_PROMPT_BYTES = 1 << 20   # a prompt larger than this is refused before tokenization
 MAX_JSON_BYTES = 64 << 10
+MAX_INT_DIGITS = 32          # longer integers in JSON are refused before Python converts them
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class InvalidRequest(ValueError):
@@ -76,11 +77,37 @@ def _utf8(raw: bytes, name: str, limit: int) -> str:
         raise InvalidRequest(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object hook: a repeated key is refused (json.loads would keep the last, while a proxy
+    that checked the request may have seen the first)."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidRequest(f"key {key[:40]!r} appears more than once")
+        result[key] = value
+    return result
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise InvalidRequest(f"an integer of {len(digits.lstrip('-'))} digits; the limit is {MAX_INT_DIGITS}")
+    return int(digits)
+
+
+def _not_json(token: str):
+    # Python's json accepts NaN and Infinity; JSON (RFC 8259) has no such numbers.
+    raise InvalidRequest(f"{token} is not a JSON number")
+
+
 def _json(text: str, name: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"input '{name}' is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"input '{name}': {exc}") from None
+    except RecursionError:
+        raise InvalidRequest(f"input '{name}' is nested too deeply to parse") from None
 
 
 def _parse_messages(text: str) -> list[dict[str, str]]:
@@ -91,20 +118,25 @@ def _parse_messages(text: str) -> list[dict[str, str]]:
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)):
             raise InvalidRequest(f"messages[{i}] must be an object with string 'role' and 'content'")
-    return messages
+        if message["role"] not in ROLES:
+            raise InvalidRequest(f"messages[{i}]: role {message['role'][:40]!r} is not one of {list(ROLES)}")
+    # Only role and content reach the chat template: other keys could steer it (tools, names).
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str) -> LLMRequest:
+def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str,
+                  max_prompt_bytes: int) -> LLMRequest:
     """`get(name)` returns the input tensor as numpy or None; `request_parameters` is the request's
-    parameters JSON, where the HTTP generate endpoint puts its "parameters" object."""
+    parameters JSON, where the HTTP generate endpoint puts its "parameters" object; a text_input or
+    messages larger than `max_prompt_bytes` is refused before tokenization."""
     raw_text = _scalar(get, "text_input", bytes)
     raw_messages = _scalar(get, "messages", bytes)
     if raw_text is None and raw_messages is None:
         raise InvalidRequest("missing input: give 'text_input' (a prompt) or 'messages' (chat JSON)")
     if raw_text is not None and raw_messages is not None:
         raise InvalidRequest("give either 'text_input' or 'messages', not both")
-    prompt = _utf8(raw_text, "text_input", MAX_PROMPT_BYTES) if raw_text is not None else None
-    messages = (_parse_messages(_utf8(raw_messages, "messages", MAX_PROMPT_BYTES))
+    prompt = _utf8(raw_text, "text_input", max_prompt_bytes) if raw_text is not None else None
+    messages = (_parse_messages(_utf8(raw_messages, "messages", max_prompt_bytes))
                 if raw_messages is not None else None)
     if prompt is not None and not prompt:
         raise InvalidRequest("input 'text_input' is empty")

@@ -15,8 +15,13 @@ def _texts(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
-            for v in tensor.as_numpy().reshape(-1)]
+    texts = []
+    for i, value in enumerate(tensor.as_numpy().reshape(-1)):
+        try:  # refused, not replaced: the text goes into the prompt and back to the client
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+        except UnicodeDecodeError:
+            raise ValueError(f"{name}[{i}] is not valid UTF-8") from None
+    return texts
 
 
 class TritonPythonModel:
@@ -25,6 +30,7 @@ class TritonPythonModel:
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         self.default_top_n = int(params.get("default_top_n", "4"))
         self.max_top_n = int(params.get("max_top_n", "16"))
+        self.max_passages = int(params.get("max_passages", "64"))
         self.max_context_chars = int(params.get("max_context_chars", "4000"))
         self.max_query_chars = int(params.get("max_query_chars", "2000"))
         self.system_prompt = params.get("system_prompt", "")
@@ -58,6 +64,10 @@ class TritonPythonModel:
         if len(set(counts.values())) != 1:
             raise ValueError("passages, sources, passage_ids and scores must have one entry per passage; got "
                              + ", ".join(f"{name} {n}" for name, n in counts.items()))
+        if len(passages) > self.max_passages:
+            raise ValueError(f"passages: {len(passages)} in the request; the limit is {self.max_passages}")
+        if not np.isfinite(scores).all():  # NaN would sort anywhere and is not JSON in `sources`
+            raise ValueError(f"scores[{int(np.argmax(~np.isfinite(scores)))}] is not a finite number")
         top_n = self._top_n(request)
 
         order = np.argsort(-scores, kind="stable")[:top_n]
