@@ -30,6 +30,7 @@ OUTPUTS = [
 ]
 MAX_JSON_BYTES = 64 << 10
 MAX_INT_DIGITS = 32          # longer integers in JSON are refused before Python converts them
+MAX_JSON_DEPTH = 16          # deeper values would exhaust the stack when printed in an error
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -99,15 +100,27 @@ def _not_json(token: str):
     raise InvalidRequest(f"{token} is not a JSON number")
 
 
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidRequest(f"nests deeper than {MAX_JSON_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+
+
 def _json(text: str, name: str) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int, parse_constant=_not_json)
+        value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int, parse_constant=_not_json)
+        _check_depth(value)
+        return value
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"input '{name}' is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except InvalidRequest as exc:
         raise InvalidRequest(f"input '{name}': {exc}") from None
-    except RecursionError:
-        raise InvalidRequest(f"input '{name}' is nested too deeply to parse") from None
+    except RecursionError:  # deeper than the parser can follow, so deeper than the limit too
+        raise InvalidRequest(f"input '{name}': nests deeper than {MAX_JSON_DEPTH} levels") from None
 
 
 def _parse_messages(text: str) -> list[dict[str, str]]:

@@ -11,8 +11,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def _texts(request, name):
+def _required(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:  # Triton 2.51 lets a required input go missing when a model has optional ones
+        raise ValueError(f"{name}: missing input")
+    return tensor
+
+
+def _texts(request, name, required=True):
+    tensor = _required(request, name) if required else pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
     texts = []
@@ -58,8 +65,9 @@ class TritonPythonModel:
         if len(query) > self.max_query_chars:
             raise ValueError(f"query: {len(query)} characters; the limit is {self.max_query_chars}")
         passages, sources = _texts(request, "passages"), _texts(request, "sources")
-        ids = _texts(request, "passage_ids") or [""] * len(passages)
-        scores = pb_utils.get_input_tensor_by_name(request, "scores").as_numpy().reshape(-1)
+        ids = _texts(request, "passage_ids", required=False)
+        ids = [""] * len(passages) if ids is None else ids
+        scores = _required(request, "scores").as_numpy().reshape(-1)
         counts = {"passages": len(passages), "sources": len(sources), "passage_ids": len(ids), "scores": len(scores)}
         if len(set(counts.values())) != 1:
             raise ValueError("passages, sources, passage_ids and scores must have one entry per passage; got "
