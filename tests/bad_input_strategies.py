@@ -3,8 +3,6 @@ its error must name is known: tensor-level mistakes that Triton itself refuses (
 missing or unknown input) from a model's config, and value-level ones per kind of input."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 from hypothesis import strategies as st
 
@@ -159,7 +157,8 @@ def embedding_cases(valid: Tensors, dim: int, max_top_k: int) -> st.SearchStrate
 
 # --- prompt_builder --------------------------------------------------------------------------
 
-def prompt_builder_cases(valid: Tensors, max_query_chars: int, max_passages: int, max_top_n: int):
+def prompt_builder_cases(valid: Tensors, max_query_chars: int, max_passages: int, max_passage_bytes: int,
+                         max_top_n: int):
     lists = ("passages", "sources", "passage_ids")
     n = len(valid["passages"][0])
 
@@ -186,6 +185,8 @@ def prompt_builder_cases(valid: Tensors, max_query_chars: int, max_passages: int
         st.tuples(st.sampled_from(lists), st.sampled_from([0, 1, n + 1])).map(lambda t: Case(
             with_(valid, **{t[0]: texts_array([b"x"] * t[1])}), ("one entry per passage",))),
         st.integers(max_passages + 1, 4 * max_passages).map(many),
+        st.integers(max_passage_bytes + 1, 2 * max_passage_bytes).map(lambda size: Case(
+            with_(valid, passages=texts_array([b"p" * size, b"p two"])), ("passages[0] is",))),
         st.tuples(st.integers(0, n - 1), st.sampled_from([np.nan, np.inf, -np.inf])).map(lambda t: bad_score(*t)),
         st.one_of(st.integers(-(1 << 31), 0), st.integers(max_top_n + 1, (1 << 31) - 1)).map(
             lambda k: Case(with_(valid, top_n=(np.array([k], np.int32), "INT32")), ("top_n",))))

@@ -4,19 +4,16 @@ a gRPC stream (whose errors carry the message but not the status code) and HTTP 
 a valid request is served after the cases."""
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 import tritonclient.grpc as grpcclient
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bad_generation_strategies import llm_cases, max_tokens_cases, sampling_cases
-from bad_input import CRASH_MARKS, TRIED, Case, bounded, check_refused, config, infer_inputs, parameter, tensor
+from bad_input import CRASH_MARKS, TRIED, Case, bounded, check_refused, generate, infer_inputs, tensor
 from bad_input_strategies import bad_text, out_of_range, texts_array, triton_cases
 from llm_streams import StreamSession
+from served_config import config, parameter
 
 pytestmark = pytest.mark.server
 EXAMPLES = {"llm": 300, "rag": 40}   # a rag case the llm refuses first runs retrieval and reranking
@@ -58,15 +55,6 @@ def stream_error(session: StreamSession, model: str, request_id: str, tensors: d
     assert collected.done.wait(60), f"{request_id}: no FINAL response within 60 s"
     assert collected.finals == 1, collected
     return collected.errors[0] if collected.errors else None
-
-
-def generate(url: str, model: str, body: dict) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://{url}/v2/models/{model}/generate", data=json.dumps(body).encode())
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 @pytest.mark.parametrize("model", ["llm", "rag"])

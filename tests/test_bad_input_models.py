@@ -4,10 +4,6 @@ unknown inputs; the model's for values), and a valid request still works after t
 The limits the cases cross are read from the running server's configs and the served graphs."""
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -15,24 +11,16 @@ import tritonclient.http as httpclient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bad_input import TRIED, bounded, check_refused, config, is_invalid_arg, parameter, send
+from bad_input import TRIED, bounded, check_refused, is_invalid_arg, send
 from bad_input_strategies import (embedding_cases, out_of_range, prompt_builder_cases, query_cases, texts_array,
                                   texts_cases, token_cases, triton_cases)
+from served_config import config, parameter, token_limits
 
 pytestmark = pytest.mark.server
-REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 MODELS = ["embed", "embed_tokenizer", "rerank", "rerank_tokenizer", "embedder", "reranker", "retriever",
           "prompt_builder", "rag_context"]
 EXAMPLES = {"rag_context": 60}   # its valid steps (embed, retrieve, rerank) make each case slower
 DEFAULT_EXAMPLES = 150
-
-
-@cache
-def token_limits(model: str) -> dict:
-    import onnx  # noqa: PLC0415 - only these cases need it
-
-    graph = onnx.load(str(REPOSITORY / model / "1" / "model.onnx"), load_external_data=False)
-    return json.loads({p.key: p.value for p in graph.metadata_props}["token_inputs"])
 
 
 def tokens(rows: int) -> dict:
@@ -62,8 +50,8 @@ def cases_for(model: str, url: str):
         valid = {"query": texts_array([b"a question"]), "passages": texts_array([b"p one", b"p two"]),
                  "sources": texts_array([b"a.md", b"b.md"]), "passage_ids": texts_array([b"a#0", b"b#0"]),
                  "scores": (np.array([[0.5], [0.2]], np.float32), "FP32"), "top_n": (np.array([2], np.int32), "INT32")}
-        return valid, prompt_builder_cases(valid, parameter(url, model, "max_query_chars"),
-                                           parameter(url, model, "max_passages"), parameter(url, model, "max_top_n"))
+        return valid, prompt_builder_cases(valid, *(parameter(url, model, key) for key in (
+            "max_query_chars", "max_passages", "max_passage_bytes", "max_top_n")))
     valid = {"query": texts_array([b"How is the KV cache divided into blocks?"]),
              "top_k": (np.array([4], np.int32), "INT32"), "top_n": (np.array([2], np.int32), "INT32")}
     return valid, st.one_of(query_cases(valid, parameter(url, "embed_tokenizer", "max_text_bytes"), "text[0]"),

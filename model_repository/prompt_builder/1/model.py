@@ -38,6 +38,7 @@ class TritonPythonModel:
         self.default_top_n = int(params.get("default_top_n", "4"))
         self.max_top_n = int(params.get("max_top_n", "16"))
         self.max_passages = int(params.get("max_passages", "64"))
+        self.max_passage_bytes = int(params.get("max_passage_bytes", "16384"))
         self.max_context_chars = int(params.get("max_context_chars", "4000"))
         self.max_query_chars = int(params.get("max_query_chars", "2000"))
         self.system_prompt = params.get("system_prompt", "")
@@ -74,6 +75,9 @@ class TritonPythonModel:
                              + ", ".join(f"{name} {n}" for name, n in counts.items()))
         if len(passages) > self.max_passages:
             raise ValueError(f"passages: {len(passages)} in the request; the limit is {self.max_passages}")
+        for i, passage in enumerate(passages):
+            if len(passage.encode()) > self.max_passage_bytes:
+                raise ValueError(f"passages[{i}] is {len(passage.encode())} bytes; the limit is {self.max_passage_bytes}")
         if not np.isfinite(scores).all():  # NaN would sort anywhere and is not JSON in `sources`
             raise ValueError(f"scores[{int(np.argmax(~np.isfinite(scores)))}] is not a finite number")
         top_n = self._top_n(request)
