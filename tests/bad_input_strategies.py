@@ -32,9 +32,10 @@ def texts_array(texts: list[bytes]) -> tuple[np.ndarray, str]:
 
 # --- tensor level: Triton checks these before the model runs ---------------------------------
 
-def triton_cases(valid: Tensors, config: dict) -> st.SearchStrategy[Case]:
-    """Wrong dtype, an extra axis, a fixed dim of the wrong size, a required input missing, an
-    unknown input: each names the input. `config` is the model's config as the HTTP API gives it."""
+def triton_cases(valid: Tensors, config: dict, missing: bool = True) -> st.SearchStrategy[Case]:
+    """Wrong dtype, an extra axis, a fixed dim of the wrong size, a required input missing (unless
+    `missing` is False), an unknown input: each names the input. `config` is the model's config as
+    the HTTP API gives it."""
     declared = {t["name"]: t for t in config["input"]}
     names = sorted(valid)
 
@@ -54,9 +55,9 @@ def triton_cases(valid: Tensors, config: dict) -> st.SearchStrategy[Case]:
     options += [fixed_dim_wrong(n) for n in names if declared[n]["dims"][-1] > 0]
     # Triton 2.51 does not check that an ensemble with optional inputs got its required ones: the
     # ensemble stops with its own "no more ensemble steps can be made", which does not name the input.
-    missing = ("no more ensemble steps can be made",) if config.get("platform") == "ensemble" else ()
-    options += [st.just(Case(with_(valid, **{n: None}), (n, *missing))) for n in names
-                if not declared[n].get("optional")]
+    stopped = ("no more ensemble steps can be made",) if config.get("platform") == "ensemble" else ()
+    options += [st.just(Case(with_(valid, **{n: None}), (n, *stopped))) for n in names
+                if missing and not declared[n].get("optional")]
     unknown = st.from_regex(r"\A[a-z][a-z_]{0,12}\Z").filter(lambda n: n not in declared)
     options.append(unknown.map(lambda n: Case({**valid, n: (np.ones([1], np.int32), "INT32")}, (n,))))
     return st.one_of(options)
