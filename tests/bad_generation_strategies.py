@@ -83,7 +83,7 @@ def sampling_json() -> st.SearchStrategy[tuple[bytes, tuple[str, ...]]]:
     digits = st.tuples(st.sampled_from(NUMERIC), st.integers(33, 5000)).map(
         lambda t: (f'{{"{t[0]}": {"9" * t[1]}}}'.encode(), here))
     duplicate = st.sampled_from(["temperature", "top_p", "max_tokens"]).map(
-        lambda k: (f'{{"{k}": 1, "{k}": 1}}'.encode(), (f"key '{k}' appears more than once",)))
+        lambda k: (f'{{"{k}": 1, "{k}": 1}}'.encode(), (f"has the key '{k}' more than once",)))
     deep = st.integers(1, (JSON_LIMIT - 2) // 2).map(lambda d: (b"[" * d + b"]" * d, here))
     deep_value = st.integers(1, (JSON_LIMIT - 20) // 2).map(
         lambda d: (b'{"temperature": ' + b"[" * d + b"]" * d + b"}", ("temperature", *here)))

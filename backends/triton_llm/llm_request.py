@@ -5,11 +5,12 @@ names the tensor (or sampling key), the value and the limit; the caller answers 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+import strict_json
 
 # Inputs the model declares (auto_complete_config adds those the config lacks).
 INPUTS = [
@@ -29,8 +30,6 @@ OUTPUTS = [
     {"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [1]},
 ]
 MAX_JSON_BYTES = 64 << 10
-MAX_INT_DIGITS = 32          # longer integers in JSON are refused before Python converts them
-MAX_JSON_DEPTH = 16          # deeper values would exhaust the stack when printed in an error
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -78,49 +77,11 @@ def _utf8(raw: bytes, name: str, limit: int) -> str:
         raise InvalidRequest(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json's object hook: a repeated key is refused (json.loads would keep the last, while a proxy
-    that checked the request may have seen the first)."""
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InvalidRequest(f"key {key[:40]!r} appears more than once")
-        result[key] = value
-    return result
-
-
-def _bounded_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise InvalidRequest(f"an integer of {len(digits.lstrip('-'))} digits; the limit is {MAX_INT_DIGITS}")
-    return int(digits)
-
-
-def _not_json(token: str):
-    # Python's json accepts NaN and Infinity; JSON (RFC 8259) has no such numbers.
-    raise InvalidRequest(f"{token} is not a JSON number")
-
-
-def _check_depth(value: Any) -> None:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidRequest(f"nests deeper than {MAX_JSON_DEPTH} levels")
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children)
-
-
 def _json(text: str, name: str) -> Any:
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int, parse_constant=_not_json)
-        _check_depth(value)
-        return value
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"input '{name}' is not valid JSON: {exc.msg} at position {exc.pos}") from None
-    except InvalidRequest as exc:
-        raise InvalidRequest(f"input '{name}': {exc}") from None
-    except RecursionError:  # deeper than the parser can follow, so deeper than the limit too
-        raise InvalidRequest(f"input '{name}': nests deeper than {MAX_JSON_DEPTH} levels") from None
+        return strict_json.loads(text)
+    except strict_json.Refused as exc:
+        raise InvalidRequest(f"input '{name}' {exc}") from None
 
 
 def _parse_messages(text: str) -> list[dict[str, str]]:
