@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,17 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+# Integers beyond int64 are refused: the sampler turns them into int64 tensors and seeds.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 @dataclass
@@ -43,6 +55,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):
+            # A dict or a string of digits would be iterable too, and silently mean something else.
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ValueError(f"{name} must be a list, got {getattr(self, name)!r}")
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         self._validate()
@@ -67,12 +83,17 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value):
                 raise ValueError(f"{name} must be a number, got {value!r}")
+            # NaN passes every range check below; infinities (and ints beyond float range) break sampling.
+            if not _is_finite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
             return value
 
         def integer(name: str) -> int:
             value = getattr(self, name)
             if not _is_int(value):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise ValueError(f"{name} must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {value}")
             return value
 
         if number("temperature") < 0:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerFast
 
 from llm_engine.model_config import read_eos_token_ids
@@ -48,6 +49,9 @@ class Tokenizer:
         """
         if not self.hf_tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
-        text = self.hf_tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=False)
+        try:
+            text = self.hf_tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                         tokenize=False)
+        except TemplateError as exc:  # the template's own raise_exception(), e.g. roles out of order
+            raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
         return self.encode(text, add_special_tokens=False) if tokenize else text

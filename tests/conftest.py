@@ -55,3 +55,13 @@ def repository(tmp_path) -> Path:
     (tmp_path / "reranker").mkdir()
     shutil.copy(REPOSITORY / "reranker" / "config.pbtxt", tmp_path / "reranker" / "config.pbtxt")
     return tmp_path
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many bad-input cases the property-based tests sent (tests/bad_input.py counts them)."""
+    from bad_input import TRIED  # noqa: PLC0415 - only when those tests ran
+
+    if TRIED:
+        terminalreporter.write_sep("-", f"bad input: {sum(TRIED.values())} cases tried")
+        for key, count in sorted(TRIED.items()):
+            terminalreporter.write_line(f"  {key}: {count}")

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragstack import admin_key
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 
@@ -56,8 +58,11 @@ def test_triton_command_uses_both_repositories_and_restricted_api(compose):
     assert "--model-repository=/models/model_repository" in command
     assert "--model-repository=/models/ensembles" in command
     assert "--model-control-mode=explicit" in command
-    assert any(c.startswith("--http-restricted-api=model-repository:") for c in command)
-    assert any(c.startswith("--grpc-restricted-protocol=model-repository:") for c in command)
+    # The same restriction as `ragstack serve` with the key set, the key from the environment.
+    expected = [arg.replace("=" + "k" * 16, "=${RAGSTACK_ADMIN_KEY:?set RAGSTACK_ADMIN_KEY}")
+                for arg in admin_key.server_args("k" * 16)]
+    assert [c for c in command if "restricted" in c] == expected
+    assert all(v.endswith(":ro") for v in compose["services"]["triton"]["volumes"] if v.startswith("./"))
 
 
 def test_every_referenced_path_exists(compose):

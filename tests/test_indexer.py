@@ -99,6 +99,41 @@ def test_symlinks_outside_the_folder_are_rejected(tmp_path):
     assert [d.source for d in read_folder(corpus / ".." / "corpus")] == ["alias.md", "ok.md"]
 
 
+def test_links_out_from_a_subfolder_and_through_a_chain_are_rejected(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.md").write_text("secret")
+    corpus = tmp_path / "corpus"
+    (corpus / "sub" / "deeper").mkdir(parents=True)
+    (corpus / "sub" / "deeper" / "up.md").symlink_to("../../../outside/secret.md")
+    with pytest.raises(UnsafePathError, match="up.md is a symlink"):
+        read_folder(corpus)
+    (corpus / "sub" / "deeper" / "up.md").unlink()
+    (corpus / "hop.md").symlink_to(corpus / "sub" / "next.md")      # inside -> inside -> outside
+    (corpus / "sub" / "next.md").symlink_to(tmp_path / "outside" / "secret.md")
+    with pytest.raises(UnsafePathError, match="outside"):
+        read_folder(corpus)
+
+
+def test_only_regular_files_are_read(tmp_path):
+    """A FIFO named like a document would block an open() forever; it is refused at once."""
+    (tmp_path / "ok.md").write_text("fine")
+    os.mkfifo(tmp_path / "pipe.md")
+    with pytest.raises(DocumentError, match="pipe.md is not a regular file"):
+        read_folder(tmp_path)
+
+
+def test_index_build_reports_an_unsafe_folder_without_reading_it(tmp_path, capsys):
+    from ragstack.cli import main
+
+    (tmp_path / "outside.md").write_text("secret")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "link.md").symlink_to(tmp_path / "outside.md")
+    code = main(["index", "build", str(corpus), "--url", "127.0.0.1:1", "--model-dir", str(tmp_path / "retriever")])
+    assert code == 2 and "link.md is a symlink to" in capsys.readouterr().err
+    assert not (tmp_path / "retriever").exists()
+
+
 def test_not_a_folder(tmp_path):
     with pytest.raises(DocumentError, match="is not a folder"):
         read_folder(tmp_path / "missing")

@@ -8,6 +8,8 @@ serves the same configs natively, so this file follows what the native backend d
     guarantees) run as one ONNX Runtime call;
   - parameters intra_op_thread_count / inter_op_thread_count (0: ONNX Runtime's default);
   - a KIND_GPU instance runs on its GPU through the CUDA execution provider.
+Beyond the native backend, it refuses bad input with INVALID_ARG: requests breaking a graph's
+recorded input contract (token_inputs.py), and whatever ONNX Runtime itself calls an invalid argument.
 """
 import json
 from pathlib import Path
@@ -15,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+import token_inputs
 
 
 class TritonPythonModel:
@@ -35,6 +40,7 @@ class TritonPythonModel:
                 f"{path}: graph inputs {sorted(graph_inputs)} / outputs {sorted(graph_outputs)} do not match "
                 f"config inputs {self.inputs} / outputs {self.outputs}")
         self.batching = config.get("max_batch_size", 0) > 0
+        self.limits = token_inputs.limits_of(self.session)
 
     @staticmethod
     def _providers(args):
@@ -45,25 +51,44 @@ class TritonPythonModel:
         return [("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}), "CPUExecutionProvider"]
 
     def execute(self, requests):
-        if not self.batching or len(requests) == 1:
-            return [self._run_alone(request) for request in requests]
-        feeds = [self._feed(request) for request in requests]
-        sizes = [len(feed[self.inputs[0]]) for feed in feeds]
+        responses, feeds = [None] * len(requests), {}
+        for i, request in enumerate(requests):
+            try:
+                feeds[i] = self._feed(request)
+            except token_inputs.InvalidInput as error:  # refused alone; the rest of the batch runs
+                responses[i] = _error(str(error), pb_utils.TritonError.INVALID_ARG)
+        merged = self._run_merged(list(feeds.values())) if self.batching and len(feeds) > 1 else None
+        for i, feed in feeds.items():
+            responses[i] = next(merged) if merged is not None else self._run_alone(feed)
+        return responses
+
+    def _run_merged(self, feeds):
+        """The requests of one dynamic batch as one ONNX Runtime call: an iterator of their responses,
+        or None when the call fails, so that one bad request does not fail the others (each runs alone)."""
         try:
             results = self.session.run(self.outputs, {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs})
-        except Exception:  # one bad request must not fail the others of its batch: run each alone
-            return [self._run_alone(request) for request in requests]
-        bounds = np.cumsum([0] + sizes)
-        return [self._response([result[a:b] for result in results]) for a, b in zip(bounds[:-1], bounds[1:])]
+        except Exception:
+            return None
+        bounds = np.cumsum([0] + [len(feed[self.inputs[0]]) for feed in feeds])
+        return iter([self._response([result[a:b] for result in results]) for a, b in zip(bounds[:-1], bounds[1:])])
 
     def _feed(self, request):
-        return {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
+        feed = {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
+        if self.limits is not None:
+            token_inputs.check(feed, self.limits)
+        return feed
 
-    def _run_alone(self, request):
+    def _run_alone(self, feed):
         try:
-            return self._response(self.session.run(self.outputs, self._feed(request)))
+            return self._response(self.session.run(self.outputs, feed))
+        except InvalidArgument as error:
+            return _error(f"onnxruntime: {error}", pb_utils.TritonError.INVALID_ARG)
         except Exception as error:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"onnxruntime: {error}"))
+            return _error(f"onnxruntime: {error}", pb_utils.TritonError.INTERNAL)
 
     def _response(self, results):
         return pb_utils.InferenceResponse([pb_utils.Tensor(name, result) for name, result in zip(self.outputs, results)])
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))

@@ -60,7 +60,10 @@ class TritonPythonModel:
         ])
 
     def _parse(self, request):
-        embedding = pb_utils.get_input_tensor_by_name(request, "embedding").as_numpy()
+        tensor = pb_utils.get_input_tensor_by_name(request, "embedding")
+        if tensor is None:  # Triton 2.51 lets a required input go missing when a model has optional ones
+            raise ValueError("embedding: missing input; send the query embedding [1, D]")
+        embedding = tensor.as_numpy()
         if embedding.ndim != 2 or embedding.shape[0] != 1 or embedding.shape[1] != self.index.d:
             raise ValueError(f"embedding: shape {list(embedding.shape)}; expected [1, {self.index.d}] "
                              "(one query embedding of the index's dimension)")

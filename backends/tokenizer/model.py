@@ -9,6 +9,8 @@ Config: inputs `text` [-1] (single texts) or `query` [1] + `passages` [-1] (quer
 outputs input_ids / attention_mask / token_type_ids [N, S] and `truncated` [N]. Parameters:
   tokenizer_dir       version folder holding tokenizer.json, relative to the model repository root
   max_texts           texts (passages) per request: the ONNX model's max_batch_size
+  max_text_bytes      bytes per text: tokenizing costs ~1 us a byte even when the result is
+                      truncated, so a longer text is refused rather than tokenized
   pad_to_multiple_of  requests are padded to a multiple of this, so that requests of one bucket
                       have one shape and the dynamic batcher can merge them
 """
@@ -28,6 +30,7 @@ class TritonPythonModel:
         self.tokenizer = Tokenizer.from_file(str(path))
         self.tokenizer.enable_padding(**{**self.tokenizer.padding, "pad_to_multiple_of": int(params["pad_to_multiple_of"])})
         self.max_texts = int(params["max_texts"])
+        self.max_text_bytes = int(params["max_text_bytes"])
         self.pairs = [tensor["name"] for tensor in config["input"]] == ["query", "passages"]
 
     def execute(self, requests):
@@ -51,13 +54,14 @@ class TritonPythonModel:
             return self.tokenizer.encode_batch([(query, passage) for passage in self._texts(request, "passages", self.max_texts)])
         return self.tokenizer.encode_batch(self._texts(request, "text", self.max_texts))
 
-    @staticmethod
-    def _texts(request, name, most):
+    def _texts(self, request, name, most):
         values = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
         if not 1 <= len(values) <= most:
             raise ValueError(f"{name}: {len(values)} texts in the request; send 1 to {most}")
         texts = []
         for i, value in enumerate(values):
+            if len(value) > self.max_text_bytes:
+                raise ValueError(f"{name}[{i}] is {len(value)} bytes; the limit is {self.max_text_bytes}")
             try:
                 text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
             except UnicodeDecodeError:

@@ -12,8 +12,9 @@ from typing import Any
 from llm_engine.config import EngineConfig
 
 # Parameters of the backend itself, not of the engine.
-BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s"}
-BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0}
+BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", "max_prompt_bytes"}
+# max_prompt_bytes: text_input / messages larger than this are refused before tokenization.
+BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0, "max_prompt_bytes": 1 << 20}
 
 
 def _convert(name: str, raw: Any, annotation: Any) -> Any:
@@ -60,4 +61,5 @@ def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, 
     kwargs["model"] = str(model if model.is_absolute() else version_dir / model)
     backend["shutdown_timeout_s"] = float(backend["shutdown_timeout_s"])
     backend["metrics_interval_s"] = float(backend["metrics_interval_s"])
+    backend["max_prompt_bytes"] = int(backend["max_prompt_bytes"])
     return EngineConfig(**kwargs), backend

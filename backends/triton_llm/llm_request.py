@@ -5,11 +5,12 @@ names the tensor (or sampling key), the value and the limit; the caller answers 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+import strict_json
 
 # Inputs the model declares (auto_complete_config adds those the config lacks).
 INPUTS = [
@@ -28,8 +29,8 @@ OUTPUTS = [
     {"name": "num_input_tokens", "data_type": "TYPE_INT32", "dims": [1]},
     {"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [1]},
 ]
-MAX_PROMPT_BYTES = 1 << 20   # a prompt larger than this is refused before tokenization
 MAX_JSON_BYTES = 64 << 10
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class InvalidRequest(ValueError):
@@ -78,9 +79,9 @@ def _utf8(raw: bytes, name: str, limit: int) -> str:
 
 def _json(text: str, name: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"input '{name}' is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        return strict_json.loads(text)
+    except strict_json.Refused as exc:
+        raise InvalidRequest(f"input '{name}' {exc}") from None
 
 
 def _parse_messages(text: str) -> list[dict[str, str]]:
@@ -91,20 +92,25 @@ def _parse_messages(text: str) -> list[dict[str, str]]:
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)):
             raise InvalidRequest(f"messages[{i}] must be an object with string 'role' and 'content'")
-    return messages
+        if message["role"] not in ROLES:
+            raise InvalidRequest(f"messages[{i}]: role {message['role'][:40]!r} is not one of {list(ROLES)}")
+    # Only role and content reach the chat template: other keys could steer it (tools, names).
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str) -> LLMRequest:
+def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str,
+                  max_prompt_bytes: int) -> LLMRequest:
     """`get(name)` returns the input tensor as numpy or None; `request_parameters` is the request's
-    parameters JSON, where the HTTP generate endpoint puts its "parameters" object."""
+    parameters JSON, where the HTTP generate endpoint puts its "parameters" object; a text_input or
+    messages larger than `max_prompt_bytes` is refused before tokenization."""
     raw_text = _scalar(get, "text_input", bytes)
     raw_messages = _scalar(get, "messages", bytes)
     if raw_text is None and raw_messages is None:
         raise InvalidRequest("missing input: give 'text_input' (a prompt) or 'messages' (chat JSON)")
     if raw_text is not None and raw_messages is not None:
         raise InvalidRequest("give either 'text_input' or 'messages', not both")
-    prompt = _utf8(raw_text, "text_input", MAX_PROMPT_BYTES) if raw_text is not None else None
-    messages = (_parse_messages(_utf8(raw_messages, "messages", MAX_PROMPT_BYTES))
+    prompt = _utf8(raw_text, "text_input", max_prompt_bytes) if raw_text is not None else None
+    messages = (_parse_messages(_utf8(raw_messages, "messages", max_prompt_bytes))
                 if raw_messages is not None else None)
     if prompt is not None and not prompt:
         raise InvalidRequest("input 'text_input' is empty")

@@ -86,10 +86,14 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                parsed = parse_request(
-                    lambda name: _input(request, name), request.parameters())
+                parsed = parse_request(lambda name: _input(request, name), request.parameters(),
+                                       self.backend_settings["max_prompt_bytes"])
             except InvalidRequest as exc:
                 sender.send(_error(str(exc), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a parser bug must still end the request with a FINAL
+                sender.send(_error(f"triton_llm: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL),
+                            flags=FINAL)
                 continue
             future = asyncio.run_coroutine_threadsafe(self._generate(parsed, sender), self.loop)
             with self._tasks_lock:

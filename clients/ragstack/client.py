@@ -8,8 +8,9 @@
 
 Streaming goes through gRPC bidirectional streams, or HTTP `generate_stream` (SSE, every event
 checked for an error). Failures raise RagstackError with Triton's status code (`.code`).
-Repository calls (models, load, unload) send `x-ragstack-admin-key: $RAGSTACK_ADMIN_KEY` when it is set
-(the docker-compose deployment guards the repository API with it).
+Repository calls (models, load, unload) send $RAGSTACK_ADMIN_KEY when it is set, in the header each
+protocol needs (ragstack.admin_key): docker-compose, and `ragstack serve` with the variable set,
+guard the repository API with it.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import AsyncIterator, Iterator
 
 import numpy as np
 
+from ragstack import admin_key
 from ragstack.results import (Answer, Embeddings, ModelInfo, Passage, RagContext, RagstackError, RankedPassage,
                               parse_sources)
 
@@ -28,11 +30,6 @@ DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
 
 def default_url(protocol: str) -> str:
     return os.environ.get("RAGSTACK_URL") or f"localhost:{DEFAULT_PORTS[protocol]}"
-
-
-def _admin_headers() -> dict[str, str]:
-    key = os.environ.get("RAGSTACK_ADMIN_KEY")
-    return {"x-ragstack-admin-key": key} if key else {}
 
 
 def text_of(value) -> str:
@@ -172,7 +169,7 @@ class RagClient:
             raise ValueError(f"protocol {protocol!r}: use grpc or http")
         self.url, self.protocol = url or default_url(protocol), protocol
         transport = GrpcTransport if protocol == "grpc" else HttpTransport
-        self._t = transport(self.url, timeout_s, _admin_headers())
+        self._t = transport(self.url, timeout_s, admin_key.headers(protocol, admin_key.from_environment()))
 
     def embed(self, texts: list[str]) -> Embeddings:
         return _embeddings(self._t.infer(EMBED, {"text": _bytes(texts)}))
@@ -240,7 +237,7 @@ class AsyncRagClient:
             raise ValueError(f"protocol {protocol!r}: use grpc or http")
         self.url, self.protocol = url or default_url(protocol), protocol
         transport = AsyncGrpcTransport if protocol == "grpc" else AsyncHttpTransport
-        self._t = transport(self.url, timeout_s, _admin_headers())
+        self._t = transport(self.url, timeout_s, admin_key.headers(protocol, admin_key.from_environment()))
 
     async def embed(self, texts: list[str]) -> Embeddings:
         return _embeddings(await self._t.infer(EMBED, {"text": _bytes(texts)}))

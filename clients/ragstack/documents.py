@@ -4,11 +4,14 @@ Path safety: every path is checked after resolving symlinks and `..`, against th
 folder. A symlink (file or folder) whose target lies outside the folder fails the whole read
 with UnsafePathError, rather than being skipped silently; a symlinked folder inside is not
 followed (its files are read under their real path already). Hidden files and folders are skipped.
-Files are opened with O_NOFOLLOW, so a file swapped for a link after the check is not followed.
+Files are opened relative to their folder's descriptor with O_NOFOLLOW, so neither a file nor a
+folder on the way swapped for a link after the check is followed; only regular files are read
+(O_NONBLOCK: a FIFO named like a document would block the open forever).
 """
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -90,12 +93,17 @@ def _check_link(path: Path, root: Path) -> Path:
     return target
 
 
-def _read(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+def _read(name: str | Path, shown: Path, dir_fd: int | None = None) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as exc:  # ELOOP: the file became a link after the check
+        raise DocumentError(f"{shown}: cannot open ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise DocumentError(f"{shown} is not a regular file (a FIFO, device or socket); remove it")
         data = handle.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
-        raise DocumentError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB, the limit per document")
+        raise DocumentError(f"{shown} is larger than {MAX_FILE_BYTES >> 20} MiB, the limit per document")
     return data
 
 
@@ -105,7 +113,7 @@ def read_folder(folder: str | os.PathLike) -> list[Document]:
     if not root.is_dir():
         raise DocumentError(f"{folder} is not a folder")
     documents = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
         here = Path(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in dirnames:
@@ -116,8 +124,11 @@ def read_folder(folder: str | os.PathLike) -> list[Document]:
             suffix = path.suffix.lower()
             if name.startswith(".") or suffix not in TEXT_SUFFIXES | HTML_SUFFIXES:
                 continue
-            real = _check_link(path, root) if path.is_symlink() else path
-            text = _read(real).decode("utf-8", errors="replace")
+            if path.is_symlink():
+                data = _read(_check_link(path, root), path)
+            else:
+                data = _read(name, path, dir_fd)
+            text = data.decode("utf-8", errors="replace")
             if suffix in HTML_SUFFIXES:
                 text = html_to_text(text)
             if text.strip():

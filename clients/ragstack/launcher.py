@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragstack import admin_key
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
 PROJECT_BACKENDS = ROOT / "backends"
@@ -148,6 +150,7 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_s: int = 30
     startup_timeout_s: float = 300.0
+    admin_key: str | None = None    # set: the repository and other admin APIs need it (ragstack.admin_key)
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -198,6 +201,8 @@ class TritonServer:
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
         ]
+        if opts.admin_key:
+            cmd += admin_key.server_args(opts.admin_key)
         return cmd + list(opts.extra_args)
 
     def _environment(self, install: ServerInstall) -> dict[str, str]:
@@ -217,6 +222,11 @@ class TritonServer:
         for repo in opts.model_repositories:
             if not Path(repo).is_dir():
                 raise LauncherError(f"model repository {repo} does not exist")
+        if opts.admin_key:
+            try:
+                admin_key.check(opts.admin_key)
+            except ValueError as exc:
+                raise LauncherError(str(exc)) from None
         for name, port in (("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)):
             if not port_is_free(opts.address, port):
                 raise LauncherError(f"{name} port {port} is already in use on {opts.address}; "

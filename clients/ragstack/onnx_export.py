@@ -208,6 +208,19 @@ def check_config(config_path: Path, onnx_path: Path, output_shape: tuple) -> Non
             raise SystemExit(f"{onnx_path}: graph {what} {have} differ from {config_path} {want}")
 
 
+def record_input_limits(onnx_path: Path, model_dir: Path, limit: int) -> None:
+    """Write the graph's input limits into model.onnx (metadata `token_inputs`): the project's
+    onnxruntime backend refuses requests beyond them with INVALID_ARG naming the input."""
+    import onnx
+
+    config = json.loads((model_dir / "config.json").read_text())
+    model = onnx.load(str(onnx_path))
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "token_inputs", json.dumps(
+        {"vocab_size": config["vocab_size"], "type_vocab_size": config.get("type_vocab_size", 1), "max_length": limit})
+    onnx.save(model, str(onnx_path))
+
+
 def fingerprint(model_dir: Path, settings: dict) -> str:
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
@@ -255,6 +268,7 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
         if not check.ok:
             raise SystemExit(f"{name}/{version}: the {precision} graph is outside the tolerance; nothing written")
         check_config(repository / name / "config.pbtxt", onnx_path, output_shape)
+        record_input_limits(onnx_path, model_dir, limit)
         os.replace(onnx_path, out / "model.onnx")
     for file in TOKENIZER_FILES[1:]:
         if (model_dir / file).exists():

@@ -1,4 +1,9 @@
-"""`ragstack serve`: run the real Triton server in the foreground until Ctrl-C or SIGTERM."""
+"""`ragstack serve`: run the real Triton server in the foreground until Ctrl-C or SIGTERM.
+
+With $RAGSTACK_ADMIN_KEY set, the repository API (and the other admin APIs, ragstack.admin_key)
+answers only requests carrying that key; without it they are open to whoever reaches the ports,
+which on the default loopback address is this machine only.
+"""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ragstack import admin_key
 from ragstack.launcher import DEFAULT_REPOSITORIES, LauncherError, ServerOptions, TritonServer
 
 
@@ -36,7 +42,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         address=args.address, http_port=args.http_port, grpc_port=args.grpc_port,
         metrics_port=args.metrics_port, log_verbose=args.log_verbose,
         exit_timeout_s=args.exit_timeout, startup_timeout_s=args.startup_timeout,
-        extra_args=list(args.server_args))
+        admin_key=admin_key.from_environment(), extra_args=list(args.server_args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"[serve] ready  HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
           f"metrics {server.metrics_url}", flush=True)
+    if server.options.admin_key:
+        print(f"[serve] admin APIs ({', '.join(admin_key.RESTRICTED)}) need ${admin_key.ENV}", flush=True)
+    else:
+        print(f"[serve] warning: ${admin_key.ENV} is not set: anyone who reaches {server.options.address} can "
+              "load and unload models", file=sys.stderr, flush=True)
     while not stop_requested.wait(0.5):
         if server.process is not None and server.process.poll() is not None:
             code = server.process.returncode

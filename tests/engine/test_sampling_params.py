@@ -30,6 +30,14 @@ def test_stop_string_becomes_a_list():
     ("stop", [""], "stop must be a list of non-empty strings"),
     ("stop_token_ids", [-1], "stop_token_ids must be non-negative integers"),
     ("ignore_eos", 1, "ignore_eos must be a bool, got 1"),
+    ("temperature", float("nan"), "temperature must be a finite number, got nan"),
+    ("repetition_penalty", float("inf"), "repetition_penalty must be a finite number, got inf"),
+    ("temperature", 10 ** 400, "temperature must be a finite number"),
+    ("top_k", 1 << 63, "top_k must fit in 64 bits"),
+    ("seed", -(1 << 64), "seed must fit in 64 bits"),
+    ("stop", 5, "stop must be a list, got 5"),
+    ("stop", {"a": 1}, "stop must be a list, got {'a': 1}"),
+    ("stop_token_ids", 5, "stop_token_ids must be a list, got 5"),
 ])
 def test_invalid_values_name_field_value_and_limit(field, value, message):
     with pytest.raises(ValueError) as err:

@@ -11,12 +11,24 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def _texts(request, name):
+def _required(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:  # Triton 2.51 lets a required input go missing when a model has optional ones
+        raise ValueError(f"{name}: missing input")
+    return tensor
+
+
+def _texts(request, name, required=True):
+    tensor = _required(request, name) if required else pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
-            for v in tensor.as_numpy().reshape(-1)]
+    texts = []
+    for i, value in enumerate(tensor.as_numpy().reshape(-1)):
+        try:  # refused, not replaced: the text goes into the prompt and back to the client
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+        except UnicodeDecodeError:
+            raise ValueError(f"{name}[{i}] is not valid UTF-8") from None
+    return texts
 
 
 class TritonPythonModel:
@@ -25,6 +37,8 @@ class TritonPythonModel:
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         self.default_top_n = int(params.get("default_top_n", "4"))
         self.max_top_n = int(params.get("max_top_n", "16"))
+        self.max_passages = int(params.get("max_passages", "64"))
+        self.max_passage_bytes = int(params.get("max_passage_bytes", "16384"))
         self.max_context_chars = int(params.get("max_context_chars", "4000"))
         self.max_query_chars = int(params.get("max_query_chars", "2000"))
         self.system_prompt = params.get("system_prompt", "")
@@ -52,12 +66,20 @@ class TritonPythonModel:
         if len(query) > self.max_query_chars:
             raise ValueError(f"query: {len(query)} characters; the limit is {self.max_query_chars}")
         passages, sources = _texts(request, "passages"), _texts(request, "sources")
-        ids = _texts(request, "passage_ids") or [""] * len(passages)
-        scores = pb_utils.get_input_tensor_by_name(request, "scores").as_numpy().reshape(-1)
+        ids = _texts(request, "passage_ids", required=False)
+        ids = [""] * len(passages) if ids is None else ids
+        scores = _required(request, "scores").as_numpy().reshape(-1)
         counts = {"passages": len(passages), "sources": len(sources), "passage_ids": len(ids), "scores": len(scores)}
         if len(set(counts.values())) != 1:
             raise ValueError("passages, sources, passage_ids and scores must have one entry per passage; got "
                              + ", ".join(f"{name} {n}" for name, n in counts.items()))
+        if len(passages) > self.max_passages:
+            raise ValueError(f"passages: {len(passages)} in the request; the limit is {self.max_passages}")
+        for i, passage in enumerate(passages):
+            if len(passage.encode()) > self.max_passage_bytes:
+                raise ValueError(f"passages[{i}] is {len(passage.encode())} bytes; the limit is {self.max_passage_bytes}")
+        if not np.isfinite(scores).all():  # NaN would sort anywhere and is not JSON in `sources`
+            raise ValueError(f"scores[{int(np.argmax(~np.isfinite(scores)))}] is not a finite number")
         top_n = self._top_n(request)
 
         order = np.argsort(-scores, kind="stable")[:top_n]

@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PASSED_TO_LLM = ("messages", "stream", "sampling_parameters", "max_tokens")
+REQUIRED = ("messages", "sources")
 
 
 class TritonPythonModel:
@@ -32,6 +33,12 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            # Triton 2.51 lets a required input go missing when a model has optional ones.
+            missing = [name for name in REQUIRED if pb_utils.get_input_tensor_by_name(request, name) is None]
+            if missing:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"rag_generate: missing input(s) {missing}", pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+                continue
             if not self.slots.acquire(blocking=False):
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"rag_generate: {self.max_inflight} requests in flight, the limit (parameter max_inflight); "
