@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from llm_streams import StreamSession, llm_inputs
+from server_metrics import metric_value
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
 
@@ -39,20 +40,6 @@ def http_post(url: str, path: str, body: dict) -> tuple[int, str]:
 
 def sse_events(body: str) -> list[dict]:
     return [json.loads(line[len("data:"):]) for line in body.splitlines() if line.startswith("data:")]
-
-
-def metric_value(url: str, name: str, model: str = "llm") -> float:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    total = 0.0
-    found = False
-    for line in text.splitlines():
-        if line.startswith(name) and f'model="{model}"' in line and not line.startswith(name + "_bucket"):
-            head = line.split("{")[0]
-            if head == name:
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-    assert found, f"{name} missing from metrics"
-    return total
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,15 @@ HTTP /generate endpoint requires. Every request ends with exactly one FINAL resp
 
 Limit: the BLS API of Triton 2.51 cannot cancel a request it has sent, so a client that cancels
 stops receiving at once, but the llm finishes that generation (bounded by max_tokens).
+
+The llm's responses are read by a thread of their own and waited for with a timeout (parameter
+llm_idle_timeout_s): Triton 2.51's BLS response iterator has none, and when the llm's stub process
+dies it never answers again, which would hold this request, and its max_inflight slot, forever.
+A relay that ends early (cancelled, stream=false) leaves that thread to drain the llm's remaining
+responses; the llm's bounded queue limits that work.
 """
 import json
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +33,7 @@ class TritonPythonModel:
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         self.llm = params.get("llm_model", "llm")
         self.max_inflight = int(params.get("max_inflight", "64"))
+        self.idle_timeout_s = float(params.get("llm_idle_timeout_s", "60"))
         self.slots = threading.BoundedSemaphore(self.max_inflight)
         self.pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="rag_generate")
 
@@ -58,8 +66,22 @@ class TritonPythonModel:
             model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason"],
             parameters=json.loads(request.parameters() or "{}"))
 
+        responses: queue.Queue = queue.Queue()
+        threading.Thread(target=_read_responses, args=(llm_request, responses), daemon=True,
+                         name="rag_generate-llm").start()
         first = True
-        for response in llm_request.exec(decoupled=True):
+        while True:
+            try:
+                response = responses.get(timeout=self.idle_timeout_s)
+            except queue.Empty:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"rag_generate: no response from {self.llm} for {self.idle_timeout_s:.0f} s (parameter "
+                    "llm_idle_timeout_s); the request is abandoned", pb_utils.TritonError.UNAVAILABLE)), flags=FINAL)
+                return
+            if response is None:  # the llm's stream ended
+                break
+            if isinstance(response, Exception):
+                raise response
             if sender.is_cancelled():
                 sender.send(flags=FINAL)
                 return
@@ -82,3 +104,13 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=True)
+
+
+def _read_responses(llm_request, responses: queue.Queue) -> None:
+    """Every response of the llm into `responses`, then None; an exec failure as the exception."""
+    try:
+        for response in llm_request.exec(decoupled=True):
+            responses.put(response)
+    except Exception as error:  # noqa: BLE001 - handed to the relay, which answers the client
+        responses.put(error)
+    responses.put(None)
