@@ -7,6 +7,9 @@ serves the same configs natively, so this file follows what the native backend d
   - the requests of one dynamic batch (equal shapes but for the batch dimension, which Triton
     guarantees) run as one ONNX Runtime call;
   - parameters intra_op_thread_count / inter_op_thread_count (0: ONNX Runtime's default);
+  - parameter memory.enable_memory_arena_shrinkage (e.g. "cpu:0"), a run option: the arena gives
+    back what a run grew it by, where by default it keeps every peak (batches of varying shapes
+    grew the reranker's stub by 100s of MiB per load round);
   - a KIND_GPU instance runs on its GPU through the CUDA execution provider.
 """
 import json
@@ -26,6 +29,10 @@ class TritonPythonModel:
         options.inter_op_num_threads = int(params.get("inter_op_thread_count", 0))
         path = Path(args["model_repository"]) / args["model_version"] / (config.get("default_model_filename") or "model.onnx")
         self.session = ort.InferenceSession(str(path), options, providers=self._providers(args))
+        self.run_options = ort.RunOptions()
+        shrink = params.get("memory.enable_memory_arena_shrinkage")
+        if shrink:
+            self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrink)
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
         graph_inputs = {i.name for i in self.session.get_inputs()}
@@ -50,7 +57,8 @@ class TritonPythonModel:
         feeds = [self._feed(request) for request in requests]
         sizes = [len(feed[self.inputs[0]]) for feed in feeds]
         try:
-            results = self.session.run(self.outputs, {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs})
+            results = self.session.run(self.outputs, {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs},
+                                       self.run_options)
         except Exception:  # one bad request must not fail the others of its batch: run each alone
             return [self._run_alone(request) for request in requests]
         bounds = np.cumsum([0] + sizes)
@@ -61,7 +69,7 @@ class TritonPythonModel:
 
     def _run_alone(self, request):
         try:
-            return self._response(self.session.run(self.outputs, self._feed(request)))
+            return self._response(self.session.run(self.outputs, self._feed(request), self.run_options))
         except Exception as error:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"onnxruntime: {error}"))
 

@@ -40,9 +40,12 @@ def llm_tensors(prompt: str, max_tokens: int, sampling: dict | None = None) -> d
             "max_tokens": np.array([max_tokens], dtype=np.int32)}
 
 
-def rag_tensors(query: str, max_tokens: int) -> dict:
-    return {"query": [query.encode()], "stream": [True], "sampling_parameters": [json.dumps(GREEDY).encode()],
-            "max_tokens": np.array([max_tokens], dtype=np.int32)}
+def rag_tensors(query: str, max_tokens: int, top_k: int | None = None) -> dict:
+    tensors = {"query": [query.encode()], "stream": [True], "sampling_parameters": [json.dumps(GREEDY).encode()],
+               "max_tokens": np.array([max_tokens], dtype=np.int32)}
+    if top_k is not None:  # fewer passages to rerank: the cross-encoder is the costly step on a CPU
+        tensors["top_k"] = np.array([top_k], dtype=np.int32)
+    return tensors
 
 
 def request_proto(model: str, tensors: dict, request_id: str) -> service_pb2.ModelInferRequest:
@@ -137,6 +140,20 @@ async def run_many(url: str, model: str, tensors_list: list[dict], timeout_s: fl
     return list(outcomes), time.perf_counter() - start
 
 
+async def mixed(url: str, llm_count: int, rag_count: int, llm_tokens: int, rag_tokens: int,
+                rag_top_k: int | None = None, timeout_s: float = 300.0,
+                on_response: Callable[[int], None] | None = None) -> dict:
+    """`llm_count` streaming llm requests and `rag_count` rag queries, all at once; a summary of each."""
+    from ragstack.rag_bench import QUESTIONS  # noqa: PLC0415 - questions about the sample corpus
+
+    llm = [llm_tensors(f"request {i} is about", llm_tokens) for i in range(llm_count)]
+    rag = [rag_tensors(QUESTIONS[i % len(QUESTIONS)], rag_tokens, rag_top_k) for i in range(rag_count)]
+    (llm_out, llm_wall), (rag_out, rag_wall) = await asyncio.gather(
+        run_many(url, "llm", llm, timeout_s, on_response=on_response),
+        run_many(url, "rag", rag, timeout_s, on_response=on_response))
+    return {"llm": summarize(llm_out, llm_wall), "rag": summarize(rag_out, rag_wall)}
+
+
 def summarize(outcomes: list[Outcome], wall_s: float) -> dict:
     """Counts by status, errors by message (a gRPC stream's error carries no status code, so the
     message is what tells them apart), completed requests/s, latency percentiles of the ok ones."""
@@ -157,3 +174,20 @@ def summarize(outcomes: list[Outcome], wall_s: float) -> dict:
 def _error_kind(message: str) -> str:
     """An error message without its numbers, so that equal failures count together."""
     return "".join(c for c in message if not c.isdigit())[:120]
+
+
+async def overload(url: str, model: str, burst: int, max_tokens: int, timeout_s: float = 300.0) -> dict:
+    """A request alone, a burst of `burst` at once (beyond the model's queue), a request alone again.
+    Admitted requests must finish and the rest be refused at once with a message; the admitted ones'
+    latency is bounded by the queue's depth, not by the burst."""
+    tensors = llm_tensors("overload", max_tokens)
+    [alone], _ = await run_many(url, model, [tensors], timeout_s)
+    outcomes, wall = await run_many(url, model, [tensors] * burst, timeout_s)
+    [after], _ = await run_many(url, model, [tensors], timeout_s)
+    admitted = [o.seconds for o in outcomes if o.status == OK]
+    refused = [o for o in outcomes if o.status == ERROR]
+    return {"burst": burst, "alone": alone, "after": after, "admitted": len(admitted), "refused": len(refused),
+            "other": len(outcomes) - len(admitted) - len(refused),
+            "errors": dict(Counter(o.error for o in refused)), "refused_max_ms": max((o.seconds * 1e3 for o in refused),
+                                                                                    default=float("nan")),
+            "admitted_p99_ms": float(np.percentile(admitted, 99) * 1e3) if admitted else float("nan"), "wall_s": wall}

@@ -6,6 +6,7 @@ and in the stub alike, so the figure is an upper bound, fit for before/after com
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 try:
@@ -80,3 +81,25 @@ def is_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+class PeakSampler:
+    """`with PeakSampler(pid) as peak:` samples the tree's memory every `interval_s` in a thread;
+    `peak.bytes` is the largest sample."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25):
+        self.pid, self.interval_s, self.bytes = pid, interval_s, tree_rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss-sampler")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.bytes = max(self.bytes, tree_rss_bytes(self.pid))
+
+    def __enter__(self) -> "PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
