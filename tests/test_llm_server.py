@@ -1,6 +1,6 @@
 """The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
-not, HTTP generate and generate_stream, concurrency, cancellation, bad input, overload, unload and
-reload, metrics."""
+not, HTTP generate and generate_stream, concurrency, cancellation, bad input, unload and reload,
+metrics (overload: test_load.py)."""
 from __future__ import annotations
 
 import json
@@ -197,29 +197,6 @@ def test_bad_input_is_invalid_arg(server, case, inputs, field):
     status, text = http_post(server.http_url, "/v2/models/llm/generate", body)
     assert status == 400 and field in text, (status, text)
     assert generate(server.grpc_url, "still serving").finals == 1
-
-
-def test_overload_is_unavailable(server):
-    """llm_small_queue (tests/fixtures) runs the same checkpoint with max_waiting=2, max_num_seqs=1."""
-    session = StreamSession(server.grpc_url)
-    try:
-        sends = [session.send(f"o{i}", llm_inputs("overload", sampling={"temperature": 0.0, "max_tokens": 40,
-                                                                         "ignore_eos": True}),
-                              model="llm_small_queue") for i in range(8)]
-        deadline = time.monotonic() + 120
-        while len(session.errors) + sum(c.done.is_set() and not c.errors for c in sends) < 8:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        session.close()
-    assert session.errors, "no request was refused"
-    assert all("waiting queue is full" in e and "max_waiting=2" in e for e in session.errors)
-    # Once the load drops the same model serves again.
-    again = StreamSession(server.grpc_url)
-    c = again.send("after", llm_inputs("recovered", sampling=GREEDY), model="llm_small_queue")
-    again.wait_all(60)
-    again.close()
-    assert c.finals == 1 and not c.errors
 
 
 def test_metrics_move(server):
