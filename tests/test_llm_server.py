@@ -1,6 +1,6 @@
 """The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
 not, HTTP generate and generate_stream, concurrency, cancellation, bad input, unload and reload,
-metrics (overload: test_load.py)."""
+metrics (overload: test_load.py; preemption: test_kv_exhaustion.py)."""
 from __future__ import annotations
 
 import json
@@ -210,22 +210,6 @@ def test_metrics_move(server):
         assert after[n] > before[n], n
     assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_total") > 0
     metric_value(server.metrics_url, "triton_llm_num_requests_waiting")
-
-
-def test_preemption_metric_moves_under_a_tiny_kv_pool(server):
-    """llm_small_queue has a 64-token KV pool: two long requests cannot both fit."""
-    before = metric_value(server.metrics_url, "triton_llm_preemptions_total", "llm_small_queue")
-    session = StreamSession(server.grpc_url)
-    try:
-        cs = [session.send(f"p{i}", llm_inputs("tiny pool", sampling={"temperature": 0.0, "max_tokens": 40,
-                                                                       "ignore_eos": True}),
-                           model="llm_small_queue") for i in range(2)]
-        session.wait_all(120)
-    finally:
-        session.close()
-    assert all(c.finals == 1 and not c.errors for c in cs)
-    time.sleep(1.5)  # gauges and counters are refreshed once a second
-    assert metric_value(server.metrics_url, "triton_llm_preemptions_total", "llm_small_queue") > before
 
 
 def test_unload_and_reload_during_and_after_traffic(server):
