@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from llm_streams import StreamSession, llm_inputs
-from server_metrics import metric_value
+from server_metrics import metric_value, wait_for_metric
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
 
@@ -142,14 +142,8 @@ def test_cancellation_mid_stream_frees_blocks(server):
     assert len(c.texts) >= 3
     session.close(cancel=True)
     # The sequence is aborted in the engine: no request runs, every KV block is free again.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if (metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_used") == 0
-                and metric_value(server.metrics_url, "triton_llm_num_requests_running") == 0):
-            break
-        time.sleep(0.3)
-    assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_used") == 0
-    assert metric_value(server.metrics_url, "triton_llm_num_requests_running") == 0
+    for gauge in ("triton_llm_kv_cache_blocks_used", "triton_llm_num_requests_running"):
+        wait_for_metric(server.metrics_url, gauge, "llm", lambda v: v == 0)
     assert len(c.texts) < 1500
 
 
