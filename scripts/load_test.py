@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or server.grpc_url
     pid = server.process.pid if server else args.server_pid
     try:
-        print("warm-up: 64 llm requests and 16 rag queries", flush=True)
-        asyncio.run(load_gen.mixed(url, 64, 16, args.llm_tokens, args.rag_tokens, timeout_s=args.timeout))
-        time.sleep(3)
+        # The same load once before measuring: what its first run keeps for good (allocators' and ONNX
+        # Runtime's high-water marks, lazily built state) belongs to the baseline; a leak grows per run.
+        print(f"warm-up: the same load once ({args.llm} llm requests, {args.rag} rag queries)", flush=True)
+        asyncio.run(load_gen.mixed(url, args.llm, args.rag, args.llm_tokens, args.rag_tokens, timeout_s=args.timeout))
+        time.sleep(5)
         before = process_tree.tree_rss_bytes(pid) if pid else None
         print(f"load: {args.llm} llm requests and {args.rag} rag queries at once", flush=True)
         counter = [0]
@@ -135,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     notes = (f"{args.llm_tokens}-token llm answers, {args.rag_tokens}-token rag answers (greedy, EOS ignored), all "
              "requests sent at once, one gRPC stream each; latency from sending to the FINAL response. Memory: the "
              "resident sets of tritonserver and its Python stubs summed (shared memory counted in each), before = "
-             "after a warm-up, after = 5 s after the load. A gRPC stream's error carries no status code (nor does "
-             "Triton 2.51's HTTP generate, which answers 400 to any model error), so refusals are told by message. "
+             "after a warm-up run of the same load, after = 5 s after the measured run. A gRPC stream's error "
+             "carries no status code (nor does Triton 2.51's HTTP generate, which answers 400 to any model error), "
+             "so refusals are told by message. "
              + ("Every check held." if not failed else "Failed: " + "; ".join(failed) + "."))
     print(text)
     print(notes)
