@@ -9,6 +9,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from model_states import wait_until_settled
+from ragstack.client import RagClient
 from text_models import text_input
 
 pytestmark = pytest.mark.server
@@ -83,3 +85,5 @@ def test_two_versions_side_by_side_then_one_unloads(triton_server):
     assert client.is_model_ready("embedder", "1") and not client.is_model_ready("embedder", "2")
     np.testing.assert_array_equal(embed_with(client, "1", token_inputs(client)), fp32)
     client.close()
+    with RagClient(triton_server.grpc_url) as rag_client:  # version 2 is still UNLOADING: not ready yet
+        wait_until_settled(rag_client, "embedder")

@@ -1,6 +1,7 @@
 """The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
-not, HTTP generate and generate_stream, concurrency, cancellation, bad input, overload, unload and
-reload, metrics; and llm_tp2, the same checkpoint over two tensor-parallel ranks."""
+not, HTTP generate and generate_stream, concurrency, cancellation, bad input, unload and reload,
+metrics (overload: test_load.py; preemption: test_kv_exhaustion.py); and llm_tp2, the same checkpoint over two
+tensor-parallel ranks."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from llm_streams import StreamSession, llm_inputs
+from server_metrics import metric_value, wait_for_metric
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
 
@@ -40,20 +42,6 @@ def http_post(url: str, path: str, body: dict) -> tuple[int, str]:
 
 def sse_events(body: str) -> list[dict]:
     return [json.loads(line[len("data:"):]) for line in body.splitlines() if line.startswith("data:")]
-
-
-def metric_value(url: str, name: str, model: str = "llm") -> float:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    total = 0.0
-    found = False
-    for line in text.splitlines():
-        if line.startswith(name) and f'model="{model}"' in line and not line.startswith(name + "_bucket"):
-            head = line.split("{")[0]
-            if head == name:
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-    assert found, f"{name} missing from metrics"
-    return total
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +144,8 @@ def test_cancellation_mid_stream_frees_blocks(server):
     assert len(c.texts) >= 3
     session.close(cancel=True)
     # The sequence is aborted in the engine: no request runs, every KV block is free again.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if (metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_used") == 0
-                and metric_value(server.metrics_url, "triton_llm_num_requests_running") == 0):
-            break
-        time.sleep(0.3)
-    assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_used") == 0
-    assert metric_value(server.metrics_url, "triton_llm_num_requests_running") == 0
+    for gauge in ("triton_llm_kv_cache_blocks_used", "triton_llm_num_requests_running"):
+        wait_for_metric(server.metrics_url, gauge, "llm", lambda v: v == 0)
     assert len(c.texts) < 1500
 
 
@@ -213,29 +195,6 @@ def test_bad_input_is_invalid_arg(server, case, inputs, field):
     assert generate(server.grpc_url, "still serving").finals == 1
 
 
-def test_overload_is_unavailable(server):
-    """llm_small_queue (tests/fixtures) runs the same checkpoint with max_waiting=2, max_num_seqs=1."""
-    session = StreamSession(server.grpc_url)
-    try:
-        sends = [session.send(f"o{i}", llm_inputs("overload", sampling={"temperature": 0.0, "max_tokens": 40,
-                                                                         "ignore_eos": True}),
-                              model="llm_small_queue") for i in range(8)]
-        deadline = time.monotonic() + 120
-        while len(session.errors) + sum(c.done.is_set() and not c.errors for c in sends) < 8:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        session.close()
-    assert session.errors, "no request was refused"
-    assert all("waiting queue is full" in e and "max_waiting=2" in e for e in session.errors)
-    # Once the load drops the same model serves again.
-    again = StreamSession(server.grpc_url)
-    c = again.send("after", llm_inputs("recovered", sampling=GREEDY), model="llm_small_queue")
-    again.wait_all(60)
-    again.close()
-    assert c.finals == 1 and not c.errors
-
-
 def test_metrics_move(server):
     names = ["triton_llm_prompt_tokens_total", "triton_llm_generation_tokens_total",
              "triton_llm_time_to_first_token_seconds_count", "triton_llm_time_per_output_token_seconds_count",
@@ -247,22 +206,6 @@ def test_metrics_move(server):
         assert after[n] > before[n], n
     assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_total") > 0
     metric_value(server.metrics_url, "triton_llm_num_requests_waiting")
-
-
-def test_preemption_metric_moves_under_a_tiny_kv_pool(server):
-    """llm_small_queue has a 64-token KV pool: two long requests cannot both fit."""
-    before = metric_value(server.metrics_url, "triton_llm_preemptions_total", "llm_small_queue")
-    session = StreamSession(server.grpc_url)
-    try:
-        cs = [session.send(f"p{i}", llm_inputs("tiny pool", sampling={"temperature": 0.0, "max_tokens": 40,
-                                                                       "ignore_eos": True}),
-                           model="llm_small_queue") for i in range(2)]
-        session.wait_all(120)
-    finally:
-        session.close()
-    assert all(c.finals == 1 and not c.errors for c in cs)
-    time.sleep(1.5)  # gauges and counters are refreshed once a second
-    assert metric_value(server.metrics_url, "triton_llm_preemptions_total", "llm_small_queue") > before
 
 
 def test_unload_and_reload_during_and_after_traffic(server):

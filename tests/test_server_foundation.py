@@ -49,7 +49,7 @@ def test_unload_load_reload(client):
         _echo(client, [1.0])
     client.load_model("echo")
     assert client.is_model_ready("echo")
-    client.load_model("echo")  # loading a loaded model reloads it
+    client.load_model("echo")  # a loaded model whose files did not change: a no-op, it stays ready
     assert client.is_model_ready("echo")
     np.testing.assert_array_equal(_echo(client, [1.0, 2.0]), [[1.0, 2.0]])
 

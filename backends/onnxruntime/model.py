@@ -7,6 +7,9 @@ serves the same configs natively, so this file follows what the native backend d
   - the requests of one dynamic batch (equal shapes but for the batch dimension, which Triton
     guarantees) run as one ONNX Runtime call;
   - parameters intra_op_thread_count / inter_op_thread_count (0: ONNX Runtime's default);
+  - parameter memory.enable_memory_arena_shrinkage (e.g. "cpu:0"), a run option: the arena gives
+    back what a run grew it by, where by default it keeps every peak (batches of varying shapes
+    grew the reranker's stub by 100s of MiB per load round);
   - a KIND_GPU instance runs on its GPU through the CUDA execution provider.
 Beyond the native backend, it refuses bad input with INVALID_ARG: requests breaking a graph's
 recorded input contract (token_inputs.py), and whatever ONNX Runtime itself calls an invalid argument.
@@ -31,6 +34,10 @@ class TritonPythonModel:
         options.inter_op_num_threads = int(params.get("inter_op_thread_count", 0))
         path = Path(args["model_repository"]) / args["model_version"] / (config.get("default_model_filename") or "model.onnx")
         self.session = ort.InferenceSession(str(path), options, providers=self._providers(args))
+        self.run_options = ort.RunOptions()
+        shrink = params.get("memory.enable_memory_arena_shrinkage")
+        if shrink:
+            self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrink)
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
         graph_inputs = {i.name for i in self.session.get_inputs()}
@@ -66,7 +73,8 @@ class TritonPythonModel:
         """The requests of one dynamic batch as one ONNX Runtime call: an iterator of their responses,
         or None when the call fails, so that one bad request does not fail the others (each runs alone)."""
         try:
-            results = self.session.run(self.outputs, {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs})
+            results = self.session.run(self.outputs, {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs},
+                                       self.run_options)
         except Exception:
             return None
         bounds = np.cumsum([0] + [len(feed[self.inputs[0]]) for feed in feeds])
@@ -80,7 +88,7 @@ class TritonPythonModel:
 
     def _run_alone(self, feed):
         try:
-            return self._response(self.session.run(self.outputs, feed))
+            return self._response(self.session.run(self.outputs, feed, self.run_options))
         except InvalidArgument as error:
             return _error(f"onnxruntime: {error}", pb_utils.TritonError.INVALID_ARG)
         except Exception as error:

@@ -25,16 +25,8 @@ class TritonPythonModel:
         self.default_top_k = int(params.get("default_top_k", "8"))
         self.max_top_k = int(params.get("max_top_k", "64"))
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        if not (version_dir / index_store.MANIFEST_FILE).is_file():
-            raise pb_utils.TritonModelException(
-                f"retriever version {args['model_version']}: no index in {version_dir}; "
-                "build one with `ragstack index build FOLDER` (or `ragstack build` for the sample corpus)")
         ef_search = max(int(params.get("hnsw_ef_search", index_store.HNSW_EF_SEARCH)), self.max_top_k)
-        self.index = index_store.load_index(version_dir, ef_search)
-        passages = index_store.load_passages(version_dir)
-        if len(passages) != self.index.ntotal:
-            raise pb_utils.TritonModelException(
-                f"{version_dir}: {self.index.ntotal} vectors but {len(passages)} passages")
+        self.index, passages = _load(version_dir, args["model_version"], ef_search)
         # Kept as numpy object arrays: a response is a fancy-indexing gather, no per-row Python.
         self.texts = np.array([p.text.encode() for p in passages], dtype=object)
         self.ids = np.array([p.id.encode() for p in passages], dtype=object)
@@ -80,3 +72,30 @@ class TritonPythonModel:
             if not 1 <= top_k <= self.max_top_k:
                 raise ValueError(f"top_k: {top_k} is out of range; it must be 1 to {self.max_top_k}")
         return np.ascontiguousarray(embedding / norm, dtype=np.float32), top_k
+
+
+def _load(version_dir: Path, version: str, ef_search: int):
+    """The index and passages of one version folder. A missing or damaged file fails the load with
+    a message naming it: the reason `ragstack models list` and the repository index show."""
+    def failure(what: str) -> pb_utils.TritonModelException:
+        return pb_utils.TritonModelException(f"retriever version {version}: {what}")
+
+    rebuild = "rebuild it with `ragstack index build FOLDER`"
+    if not (version_dir / index_store.MANIFEST_FILE).is_file():
+        raise failure(f"no index in {version_dir}; build one with `ragstack index build FOLDER` "
+                      "(or `ragstack build` for the sample corpus)")
+    for name in (index_store.INDEX_FILE, index_store.PASSAGES_FILE):
+        if not (version_dir / name).is_file():
+            raise failure(f"{name} is missing from {version_dir} (an incomplete or damaged index build); {rebuild}")
+    try:
+        index = index_store.load_index(version_dir, ef_search)
+    except RuntimeError as error:  # FAISS names its C++ function first: keep only what failed
+        raise failure(f"{index_store.INDEX_FILE} in {version_dir} cannot be read "
+                      f"({str(error).split('Error: ')[-1].strip()}); {rebuild}") from None
+    passages = index_store.load_passages(version_dir)
+    expected = index_store.read_manifest(version_dir.parent, int(version)).manifest.get("count")
+    if not len(passages) == index.ntotal == expected:
+        raise failure(f"{index_store.INDEX_FILE} holds {index.ntotal} vectors, {index_store.PASSAGES_FILE} "
+                      f"{len(passages)} passages, the manifest says {expected}: the files are damaged or from "
+                      f"different builds; {rebuild}")
+    return index, passages

@@ -1,0 +1,105 @@
+"""A server's process tree: tritonserver and its Python backend stubs (one per model instance).
+
+Read with psutil where it is installed, else from /proc (Linux). The memory of the tree is the
+sum of each process's resident set: the stubs' shared-memory regions are counted in the server
+and in the stub alike, so the figure is an upper bound, fit for before/after comparisons.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+try:
+    import psutil
+except ImportError:  # optional: /proc is enough on Linux
+    psutil = None
+
+
+def descendants(pid: int) -> list[int]:
+    """The children of `pid`, their children, and so on."""
+    if psutil is not None:
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # the command name may hold spaces and parentheses: the fields follow the last ")"
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    """Empty for a process that is gone or a zombie."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of one process; 0 if it is gone."""
+    if psutil is not None:
+        try:
+            return psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            return 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    return sum(rss_bytes(p) for p in [pid, *descendants(pid)])
+
+
+def stub_pids(server_pid: int, instance: str) -> list[int]:
+    """The live Python backend stubs of one model instance (e.g. `llm_0_0`): the stub's command line
+    names the instance."""
+    return [p for p in descendants(server_pid)
+            if instance in cmdline(p) and any(a.endswith("triton_python_backend_stub") for a in cmdline(p))]
+
+
+def is_alive(pid: int) -> bool:
+    """True unless gone or a zombie (a killed stub stays a zombie until the server reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+class PeakSampler:
+    """`with PeakSampler(pid) as peak:` samples the tree's memory every `interval_s` in a thread;
+    `peak.bytes` is the largest sample."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25):
+        self.pid, self.interval_s, self.bytes = pid, interval_s, tree_rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss-sampler")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.bytes = max(self.bytes, tree_rss_bytes(self.pid))
+
+    def __enter__(self) -> "PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,136 @@
+"""A Python backend stub process SIGKILLed (as the OOM killer would) on a server of its own.
+
+What Triton 2.51 does, found here: the model stays READY, but every later request to it fails at
+once with INTERNAL "Stub process '<instance>' is not healthy."; the stub is not restarted (neither
+for decoupled nor for plain Python models); a decoupled request in flight when the stub died never
+gets its FINAL response, so only the client's deadline ends it; a plain `load` of the model is a
+no-op (its files did not change), unload + load starts a new stub. The server and the other models
+are unaffected.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from ragstack import load_gen, process_tree
+from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
+from server_helpers import FIXTURE_REPOSITORY, free_server_options
+
+pytestmark = pytest.mark.server
+LONG = 480  # tokens: the stream is still running when the stub is killed
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    options = free_server_options(model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY],
+                                  models=["rag", "llm", "echo"], exit_timeout_s=3)  # hung requests never end
+    with TritonServer(options, work_dir=tmp_path_factory.mktemp("triton-crash")) as s:
+        yield s
+
+
+@pytest.fixture
+def admin(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    yield client
+    client.close()
+
+
+def kill_stub(server, instance: str) -> int:
+    [pid] = process_tree.stub_pids(server.process.pid, instance)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process_tree.is_alive(pid):
+        assert time.monotonic() < deadline, f"stub {pid} survived SIGKILL"
+        time.sleep(0.05)
+    return pid
+
+
+async def kill_llm_stub_mid_stream(server, model: str, tensors: dict, count: int,
+                                   timeout_s: float) -> tuple[int, list]:
+    """Sends `count` long requests and SIGKILLs the llm's stub once each of them has streamed text;
+    returns the old stub's pid and the requests' outcomes."""
+    started: set[int] = set()
+    streaming = asyncio.Event()
+
+    def on_response(i: int) -> None:
+        started.add(i)
+        if len(started) == count:
+            streaming.set()
+
+    in_flight = asyncio.ensure_future(load_gen.run_many(server.grpc_url, model, [tensors] * count, timeout_s,
+                                                        on_response=on_response))
+    await asyncio.wait_for(streaming.wait(), 60)
+    pid = kill_stub(server, "llm_0_0")
+    return pid, (await in_flight)[0]
+
+
+def reload(admin, name: str) -> None:
+    """A plain load would keep the dead instance: the model's files are unchanged."""
+    admin.unload_model(name)
+    admin.load_model(name)
+    assert admin.is_model_ready(name)
+
+
+def echo(admin) -> np.ndarray:
+    tensor = httpclient.InferInput("INPUT", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1.0, 2.0]], dtype=np.float32))
+    return admin.infer("echo", [tensor]).as_numpy("OUTPUT")
+
+
+def llm_once(server, max_tokens: int, timeout_s: float) -> load_gen.Outcome:
+    outcomes, _ = asyncio.run(load_gen.run_many(
+        server.grpc_url, "llm", [load_gen.llm_tensors("after the crash", max_tokens)], timeout_s))
+    return outcomes[0]
+
+
+def test_killed_llm_stub_fails_fast_and_an_unload_load_brings_it_back(server, admin):
+    old, [in_flight] = asyncio.run(kill_llm_stub_mid_stream(server, "llm", load_gen.llm_tensors("a long one", LONG), 1, 6))
+    # Triton 2.51 sends no FINAL for a request of a dead decoupled stub: the client's deadline ends it.
+    assert in_flight.status == load_gen.HUNG and in_flight.responses > 0
+    assert admin.is_server_live() and admin.is_model_ready("llm")  # still READY: Triton does not notice
+    after = llm_once(server, 4, 10)
+    assert after.status == load_gen.ERROR and "Stub process 'llm_0_0' is not healthy" in after.error
+    np.testing.assert_array_equal(echo(admin), [[1.0, 2.0]])  # the other models keep serving
+
+    reload(admin, "llm")
+    assert process_tree.stub_pids(server.process.pid, "llm_0_0") not in ([], [old])
+    assert llm_once(server, 4, 30).status == load_gen.OK
+
+
+def test_rag_generate_frees_its_slots_when_the_llm_dies(server, admin):
+    """Without llm_idle_timeout_s the two relays would wait for the dead llm forever and, with
+    max_inflight=2, rag would refuse every later query."""
+    config = admin.get_model_config("rag_generate")
+    config["parameters"].update({"max_inflight": {"string_value": "2"}, "llm_idle_timeout_s": {"string_value": "3"}})
+    admin.load_model("rag_generate", config=json.dumps(config))
+    question = load_gen.rag_tensors("How does paged attention store the KV cache?", LONG)
+
+    start = time.monotonic()
+    _, outcomes = asyncio.run(kill_llm_stub_mid_stream(server, "rag", question, 2, 30))
+    assert time.monotonic() - start < 15
+    for outcome in outcomes:
+        assert outcome.status == load_gen.ERROR and "no response from llm for 3 s" in outcome.error, outcome
+    reload(admin, "llm")
+    answers, _ = asyncio.run(load_gen.run_many(server.grpc_url, "rag", [load_gen.rag_tensors("What is batching?", 4)]))
+    assert answers[0].status == load_gen.OK, answers[0]
+
+
+def test_killed_python_model_stub_errors_until_reloaded(server, admin):
+    kill_stub(server, "echo_0_0")
+    for _ in range(2):  # no restart on the next request either
+        with pytest.raises(InferenceServerException, match="Stub process 'echo_0_0' is not healthy") as info:
+            echo(admin)
+        assert info.value.status() == "500"  # INTERNAL
+    admin.load_model("echo")  # files unchanged: nothing happens
+    with pytest.raises(InferenceServerException, match="not healthy"):
+        echo(admin)
+    reload(admin, "echo")
+    np.testing.assert_array_equal(echo(admin), [[1.0, 2.0]])
