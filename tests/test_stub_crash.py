@@ -31,7 +31,8 @@ LONG = 480  # tokens: the stream is still running when the stub is killed
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     options = free_server_options(model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY],
-                                  models=["rag", "llm", "echo"], exit_timeout_s=3)  # hung requests never end
+                                  models=["rag", "rerank", "llm", "echo"],  # rag_rerank reads the served reranker
+                                  exit_timeout_s=3)  # hung requests never end
     with TritonServer(options, work_dir=tmp_path_factory.mktemp("triton-crash")) as s:
         yield s
 
