@@ -21,7 +21,7 @@ class KVCache:
     num_blocks: int
     block_size: int
     kv: torch.Tensor                  # [2, layers, blocks, block_size, kv_heads, head_dim]
-    scales: torch.Tensor | None       # float32 [2, layers, blocks, block_size, kv_heads] (fp8 only)
+    scales: torch.Tensor | None       # float32 [2, layers, blocks, kv_heads, block_size] (fp8 only)
 
     def bind(self, attention_layers) -> None:
         """Point each attention layer at its views of the pool."""
@@ -44,10 +44,12 @@ def allocate_kv_cache(model_config: ModelConfig, num_blocks: int, block_size: in
                       device: torch.device) -> KVCache:
     if num_blocks * block_size > MAX_SLOTS:
         raise ValueError(f"num_kv_blocks {num_blocks} x block_size {block_size} exceeds {MAX_SLOTS} cache slots")
-    shape = (2, model_config.num_hidden_layers, num_blocks, block_size, model_config.num_key_value_heads)
+    layers, heads = model_config.num_hidden_layers, model_config.num_key_value_heads
     # Zeroed, not empty: padded CUDA-graph rows attend over block 0, which must hold finite values.
-    kv = torch.zeros(*shape, model_config.head_dim, dtype=dtype, device=device)
-    scales = torch.ones(shape, dtype=torch.float32, device=device) if dtype == torch.float8_e4m3fn else None
+    kv = torch.zeros(2, layers, num_blocks, block_size, heads, model_config.head_dim, dtype=dtype, device=device)
+    # Head-major within a block: a kernel reading one head's tile reads its scales contiguously.
+    scales = (torch.ones(2, layers, num_blocks, heads, block_size, dtype=torch.float32, device=device)
+              if dtype == torch.float8_e4m3fn else None)
     return KVCache(num_blocks, block_size, kv, scales)
 
 

@@ -138,7 +138,7 @@ def decode_bench(case, s: Sizes, batch, context, kv_dtype, gen, goal=None) -> Be
     del dense
     k_scale = v_scale = None
     if kv_dtype == FP8:
-        (k_cache, k_scale), (v_cache, v_scale) = K.quantize_fp8_ref(k_cache), K.quantize_fp8_ref(v_cache)
+        (k_cache, k_scale), (v_cache, v_scale) = K.quantize_fp8_cache_ref(k_cache), K.quantize_fp8_cache_ref(v_cache)
     context_lens = torch.full((batch,), context, dtype=torch.int32, device=gen.device)
     args = (q, k_cache, v_cache, block_tables, context_lens, s.head_dim**-0.5, k_scale, v_scale)
     expected = K.paged_decode_attention_ref(*args)
@@ -204,7 +204,7 @@ def write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
     caches = [randn(gen, 2 * used, s.block_size, s.kv_heads, s.head_dim) for _ in range(2)]
     scales = [None, None]
     if cache_dtype == FP8:
-        (caches[0], scales[0]), (caches[1], scales[1]) = (K.quantize_fp8_ref(c) for c in caches)
+        (caches[0], scales[0]), (caches[1], scales[1]) = (K.quantize_fp8_cache_ref(c) for c in caches)
     expected = [None if t is None else t.clone() for t in (*caches, *scales)]
     K.write_kv_cache_ref(k, v, *expected[:2], slots, *expected[2:])
 
@@ -216,7 +216,7 @@ def write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
         for cache, scale, ref, ref_scale in zip(caches, scales, expected[:2], expected[2:]):
             expect_close(case, scale, ref_scale, atol=0, rtol=1e-6)
             # Within one e4m3 step plus a subnormal step, as tests/engine/test_kernels_paged.py.
-            expect_close(case, K.dequantize_fp8_ref(cache, scale), K.dequantize_fp8_ref(ref, ref_scale),
+            expect_close(case, K.dequantize_fp8_cache_ref(cache, scale), K.dequantize_fp8_cache_ref(ref, ref_scale),
                          atol=float(ref_scale.max()) * 2**-9, rtol=2**-3)
 
     written = n * s.kv_heads * (s.head_dim * caches[0].element_size() + (4 if cache_dtype == FP8 else 0))

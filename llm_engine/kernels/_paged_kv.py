@@ -6,21 +6,24 @@ import triton.language as tl
 
 
 @triton.jit
-def load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask, kv_head, dims,
+def load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask, kv_head, num_kv_heads, dims,
                  stride_cache_token, stride_cache_head, q, PAGE_SIZE: tl.constexpr):
     """K and V of `tokens` (positions in one sequence) for one kv head, through its block table,
-    in q's dtype; also their cache slots (the FP8 scales' index)."""
-    block_ids = tl.load(block_table_row_ptr + tokens // PAGE_SIZE, mask=token_mask, other=0)
-    slots = block_ids.to(tl.int64) * PAGE_SIZE + tokens % PAGE_SIZE
+    in q's dtype; also the offsets of their FP8 scales ([block, kv head, offset] layout: one
+    head's scales of a block are contiguous, so a tile reads them in whole sectors)."""
+    block_ids = tl.load(block_table_row_ptr + tokens // PAGE_SIZE, mask=token_mask, other=0).to(tl.int64)
+    offsets = tokens % PAGE_SIZE
+    slots = block_ids * PAGE_SIZE + offsets
+    scale_offsets = (block_ids * num_kv_heads + kv_head) * PAGE_SIZE + offsets
     kv_offsets = slots[:, None] * stride_cache_token + kv_head * stride_cache_head + dims[None, :]
     # e4m3 values are exact in q's dtype; FP8 scales are applied after the dots.
     k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
     v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
-    return k, v, slots
+    return k, v, scale_offsets
 
 
 @triton.jit
-def online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, slots, token_mask, kv_head, num_kv_heads, q,
+def online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask, q,
                         IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold one tile's masked, scaled log2-domain scores and its V into the running
     (max, sum, accumulator); FP8 V scales are applied to the probabilities."""
@@ -29,7 +32,7 @@ def online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, slots, token_mask
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IS_FP8:
-        v_scale = tl.load(v_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+        v_scale = tl.load(v_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
         p = p * v_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc

@@ -55,12 +55,13 @@ def expect_kv_scales(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
 ) -> None:
-    """FP8 caches need per-(token, kv-head) float32 scales; other caches must not get any."""
+    """FP8 caches need per-(token, kv-head) float32 scales, [blocks, kv_heads, block_size];
+    other caches must not get any."""
     if k_cache.dtype == torch.float8_e4m3fn:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if scale is None:
                 raise ValueError(f"{name} is required for a float8_e4m3fn KV cache")
-            expect_shape(name, scale, k_cache.shape[:3])
+            expect_shape(name, scale, (k_cache.shape[0], k_cache.shape[2], k_cache.shape[1]))
             expect_dtype(name, scale, (torch.float32,))
             if not scale.is_contiguous():
                 raise ValueError(f"{name} must be contiguous")

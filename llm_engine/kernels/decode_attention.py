@@ -23,6 +23,8 @@ from llm_engine.kernels.launch_config import interpreting, launch_params
 LOG2_E = 1.4426950408889634
 # tl.dot needs at least 16 rows, so a GQA group is padded up to this many query heads.
 MIN_DOT_ROWS = 16
+# Splits the merge kernel reads per loop iteration.
+REDUCE_BLOCK_S = 8
 
 
 def paged_decode_attention_ref(
@@ -103,15 +105,15 @@ def _decode_split_kernel(
     for tile_start in range(split_start, split_end, BLOCK_N):
         tokens = tile_start + tl.arange(0, BLOCK_N)
         token_mask = tokens < split_end
-        k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tokens,
-                                   token_mask, kv_head, dims, stride_cache_token, stride_cache_head, q, PAGE_SIZE)
+        k, v, scale_offsets = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tokens,
+                                   token_mask, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, q, PAGE_SIZE)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if IS_FP8:
-            k_scale = tl.load(k_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
+            k_scale = tl.load(k_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
             scores = scores * k_scale[None, :]
         scores = tl.where(token_mask[None, :], scores * qk_scale, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, slots, token_mask, kv_head,
-                                            num_kv_heads, q, IS_FP8, DOT_PRECISION)
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask, q,
+                                            IS_FP8, DOT_PRECISION)
 
     if WRITE_FINAL:
         out = acc / l_i[:, None]
@@ -136,15 +138,26 @@ def _decode_reduce_kernel(
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    splits = tl.arange(0, BLOCK_S)
-    split_mask = splits < num_splits
-    rows = (seq * num_q_heads + head) * num_splits + splits
-    lse = tl.load(partial_lse_ptr + rows, mask=split_mask, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, axis=0))
+    first = (seq * num_q_heads + head) * num_splits
     dims = tl.arange(0, HEAD_DIM)
-    partial = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=split_mask[:, None], other=0.0)
-    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+    # Running max and sums over chunks of BLOCK_S splits, so one variant serves every split count
+    # (split 0 always saw tokens: the max is finite after the first chunk).
+    m_i = tl.full([], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for chunk in range(0, num_splits, BLOCK_S):
+        splits = chunk + tl.arange(0, BLOCK_S)
+        split_mask = splits < num_splits
+        lse = tl.load(partial_lse_ptr + first + splits, mask=split_mask, other=float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(lse, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        weights = tl.exp2(lse - m_new)
+        partial = tl.load(partial_out_ptr + (first + splits)[:, None] * HEAD_DIM + dims[None, :],
+                          mask=split_mask[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(weights[:, None] * partial, axis=0)
+        total = total * alpha + tl.sum(weights, axis=0)
+        m_i = m_new
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 def paged_decode_attention(
@@ -208,8 +221,7 @@ def paged_decode_attention(
             partial_out, partial_lse, out,
             out.stride(0), out.stride(1), num_q_heads, num_splits,
             HEAD_DIM=head_dim,
-            # One variant for every split count up to the configured maximum.
-            BLOCK_S=triton.next_power_of_2(max(num_splits, params["max_splits"])),
+            BLOCK_S=REDUCE_BLOCK_S,
             num_warps=params["reduce_num_warps"],
         )
     return out

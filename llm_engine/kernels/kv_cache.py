@@ -38,6 +38,18 @@ def dequantize_fp8_ref(values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
     return values.float() * scale[..., None]
 
 
+def quantize_fp8_cache_ref(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A filled cache [blocks, block_size, Hkv, D] -> (e4m3fn values, float32 scales in the cache's
+    [blocks, Hkv, block_size] layout)."""
+    values, scale = quantize_fp8_ref(cache)
+    return values, scale.transpose(1, 2).contiguous()
+
+
+def dequantize_fp8_cache_ref(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """quantize_fp8_cache_ref's inverse: float32 [blocks, block_size, Hkv, D]."""
+    return dequantize_fp8_ref(values, scale.transpose(1, 2))
+
+
 def write_kv_cache_ref(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -57,7 +69,7 @@ def write_kv_cache_ref(
             values, new_scale = quantize_fp8_ref(new)
             # index_put has no float8 kernel on every backend; the bytes are what matters.
             flat.view(torch.uint8)[slots] = values.view(torch.uint8)
-            scale.view(-1, scale.shape[2])[slots] = new_scale
+            scale[slots // cache.shape[1], :, slots % cache.shape[1]] = new_scale  # [block, head, offset]
         else:
             flat[slots] = new.to(cache.dtype)
 
@@ -86,7 +98,7 @@ def gather_kv_batch_ref(
     raw = cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
     tokens = raw[blocks].flatten(1, 2)[:, :length].view(cache.dtype).float()
     if scale is not None:
-        tokens = tokens * scale[blocks].flatten(1, 2)[:, :length, :, None]
+        tokens = tokens * scale[blocks].transpose(-1, -2).flatten(1, 2)[:, :length, :, None]
     return tokens
 
 
@@ -115,6 +127,7 @@ def _write_kv_cache_kernel(
     num_kv_heads,
     HEAD_DIM: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
     IS_FP8: tl.constexpr,
 ):
     token = tl.program_id(0)
@@ -138,9 +151,10 @@ def _write_kv_cache_kernel(
             v_q = _round_to_e4m3(tl.clamp(tl.math.div_rn(v, v_scale[:, None]), -448.0, 448.0))
             tl.store(k_dst, k_q.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(v_dst, v_q.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            # Scales are contiguous [num_slots, num_kv_heads].
-            tl.store(k_scale_ptr + slot * num_kv_heads + heads, k_scale, mask=head_mask)
-            tl.store(v_scale_ptr + slot * num_kv_heads + heads, v_scale, mask=head_mask)
+            # Scales are contiguous [num_blocks, num_kv_heads, PAGE_SIZE].
+            scale_offsets = ((slot // PAGE_SIZE) * num_kv_heads + heads) * PAGE_SIZE + slot % PAGE_SIZE
+            tl.store(k_scale_ptr + scale_offsets, k_scale, mask=head_mask)
+            tl.store(v_scale_ptr + scale_offsets, v_scale, mask=head_mask)
         else:
             tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -172,6 +186,7 @@ def write_kv_cache(
         num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_HEADS=triton.next_power_of_2(num_kv_heads),
+        PAGE_SIZE=k_cache.shape[1],
         IS_FP8=is_fp8,
         num_warps=params["num_warps"],
     )

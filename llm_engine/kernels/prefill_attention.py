@@ -69,7 +69,9 @@ def _prefill_kernel(
     UPCAST_DOT: tl.constexpr,
     FP8_AS_FP16: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    # Last tiles first: under the causal mask they are the longest, and starting them first
+    # keeps the GPU's last wave short.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // group
     # The grid is sized without reading cu_seqlens on the host (no sync), so each program
@@ -102,26 +104,52 @@ def _prefill_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        # Causal: nothing past this tile's last query position is needed.
-        kv_end = tl.minimum(context_len, context_len - num_queries + (tile - first_tile + 1) * BLOCK_M)
-        for tile_start in range(0, kv_end, BLOCK_N):
-            tokens = tile_start + tl.arange(0, BLOCK_N)
-            token_mask = tokens < kv_end
-            k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tokens,
-                                       token_mask, kv_head, dims, stride_cache_token, stride_cache_head, q, PAGE_SIZE)
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            if IS_FP8:
-                k_scale = tl.load(k_scale_ptr + slots * num_kv_heads + kv_head, mask=token_mask, other=0.0)
-                scores = scores * k_scale[None, :]
-            visible = token_mask[None, :] & (tokens[None, :] <= q_positions[:, None])
-            scores = tl.where(visible, scores * qk_scale, float("-inf"))
-            # Every row sees KV position 0 in the first tile, so m_new is finite from then on.
-            m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, slots, token_mask, kv_head,
-                                                num_kv_heads, q, IS_FP8, DOT_PRECISION)
+        # Causal: nothing past this tile's last query position is needed, and KV tiles up to its
+        # first query position are visible to every row: only the tiles between need the mask.
+        first_position = context_len - num_queries + (tile - first_tile) * BLOCK_M
+        kv_end = tl.minimum(context_len, first_position + BLOCK_M)
+        unmasked_end = (first_position + 1) // BLOCK_N * BLOCK_N
+        block_table_row_ptr = block_tables_ptr + seq * stride_bt
+        # Every row sees KV position 0 in the first tile, so the running max is finite from then on.
+        m_i, l_i, acc = _attend_kv_range(
+            m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr,
+            0, unmasked_end, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, qk_scale,
+            PAGE_SIZE, BLOCK_N, False, IS_FP8, DOT_PRECISION)
+        m_i, l_i, acc = _attend_kv_range(
+            m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr,
+            unmasked_end, kv_end, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, qk_scale,
+            PAGE_SIZE, BLOCK_N, True, IS_FP8, DOT_PRECISION)
 
         out = acc / l_i[:, None]
         out_offsets = (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+
+@triton.jit
+def _attend_kv_range(m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                     block_table_row_ptr, kv_begin, kv_end, kv_head, num_kv_heads, dims, stride_cache_token,
+                     stride_cache_head, qk_scale, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL_MASK: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold the KV positions [kv_begin, kv_end) into the running softmax of one query tile;
+    CAUSAL_MASK hides the positions past each row's own."""
+    for tile_start in range(kv_begin, kv_end, BLOCK_N):
+        tokens = tile_start + tl.arange(0, BLOCK_N)
+        token_mask = tokens < kv_end
+        k, v, scale_offsets = load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask,
+                                           kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, q,
+                                           PAGE_SIZE)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if IS_FP8:
+            k_scale = tl.load(k_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
+            scores = scores * k_scale[None, :]
+        scores = scores * qk_scale
+        if CAUSAL_MASK:
+            visible = token_mask[None, :] & (tokens[None, :] <= q_positions[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask, q,
+                                            IS_FP8, DOT_PRECISION)
+    return m_i, l_i, acc
 
 
 def paged_prefill_attention(

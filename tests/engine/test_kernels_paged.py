@@ -12,12 +12,14 @@ import torch
 
 from llm_engine.kernels import (
     FP8_E4M3_MAX,
+    dequantize_fp8_cache_ref,
     dequantize_fp8_ref,
     gather_kv_ref,
     paged_decode_attention,
     paged_decode_attention_ref,
     paged_prefill_attention,
     paged_prefill_attention_ref,
+    quantize_fp8_cache_ref,
     quantize_fp8_ref,
     write_kv_cache,
     write_kv_cache_ref,
@@ -53,7 +55,7 @@ def make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, cache_dtype
     k = torch.randn(*shape, generator=gen) * magnitude
     v = torch.randn(*shape, generator=gen) * magnitude
     if cache_dtype == FP8:
-        (k_cache, k_scale), (v_cache, v_scale) = quantize_fp8_ref(k), quantize_fp8_ref(v)
+        (k_cache, k_scale), (v_cache, v_scale) = quantize_fp8_cache_ref(k), quantize_fp8_cache_ref(v)
     else:
         k_cache, v_cache, k_scale, v_scale = k.to(cache_dtype), v.to(cache_dtype), None, None
     block_ids = torch.randperm(num_blocks, generator=gen)
@@ -113,8 +115,8 @@ def test_refs_match_dense_float64_attention(gen, cache_dtype, num_q_heads, num_k
         flat = lambda c: c.reshape(-1, *c.shape[2:])[slots].float()  # noqa: E731
         k, v = flat(kv.k_cache), flat(kv.v_cache)
         if cache_dtype == FP8:
-            k = k * kv.k_scale.reshape(-1, num_kv_heads)[slots][..., None]
-            v = v * kv.v_scale.reshape(-1, num_kv_heads)[slots][..., None]
+            k = k * kv.k_scale.transpose(1, 2).reshape(-1, num_kv_heads)[slots][..., None]
+            v = v * kv.v_scale.transpose(1, 2).reshape(-1, num_kv_heads)[slots][..., None]
         positions = list(range(n_ctx - n_q, n_ctx))
         expected = dense_attention_f64(q[cu[b] : cu[b + 1]], k, v, scale, positions)
         torch.testing.assert_close(prefill[cu[b] : cu[b + 1]].double(), expected, atol=1e-5, rtol=1e-5)
@@ -172,9 +174,9 @@ def test_write_kv_cache_matches_ref(gen, device, cache_dtype, dtype, num_kv_head
         # exactly; an inexact division could still put a tie on the neighbouring step, hence
         # the tolerance of one e4m3 step (2^-3 of the value) plus one subnormal step, rather
         # than the 2^-4 half step of a single rounding.
-        ref = dequantize_fp8_ref(ref_cache, ref_scale)
-        error = (dequantize_fp8_ref(cache, scale) - ref).abs()
-        assert (error <= ref.abs() / 8 + ref_scale[..., None] * 2**-9).all()
+        ref = dequantize_fp8_cache_ref(ref_cache, ref_scale)
+        error = (dequantize_fp8_cache_ref(cache, scale) - ref).abs()
+        assert (error <= ref.abs() / 8 + ref_scale.transpose(1, 2)[..., None] * 2**-9).all()
         same_bytes = (cache.view(torch.uint8) == ref_cache.view(torch.uint8)).float().mean()
         assert same_bytes > 0.999
 
