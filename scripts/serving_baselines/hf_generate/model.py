@@ -16,11 +16,17 @@ Needs nothing beyond torch, transformers and numpy, so any PyTorch image runs it
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+# The 2.51 stub needs numpy < 2, and an image's scikit-learn (SciPy) built for numpy 2 fails to
+# import under it; transformers' generation imports scikit-learn only for assisted decoding, so
+# it is hidden here (find_spec then reports it missing) rather than breaking generate().
+sys.modules.setdefault("sklearn", None)
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 
 class TritonPythonModel:
