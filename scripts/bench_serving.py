@@ -149,10 +149,11 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
     shutil.copy(HF_BASELINE / "model.py", folder / "1" / "model.py")
 
 
-def serve(write, model: str, system: str, requests, levels: list[int], batched: bool = False) -> list[dict]:
-    """A server on a fresh repository that `write(dest)` fills with `model`: every concurrency, then stop."""
+def serve(write, model: str, system: str, requests, levels: list[int], counts: list[int],
+          batched: bool = False) -> list[dict]:
+    """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
+    count of the requests (the first ones), then stop."""
     from ragstack.launcher import ServerOptions, TritonServer, free_port
-    from ragstack.provenance import source_commit
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,8 +163,8 @@ def serve(write, model: str, system: str, requests, levels: list[int], batched: 
         load_start = time.perf_counter()
         with TritonServer(options) as server:
             print(f"{system}: server ready in {time.perf_counter() - load_start:.1f} s", flush=True)
-            for c in levels:
-                rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests, c, model,
+            for c, n in zip(levels, counts):
+                rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests[:n], c, model,
                                                                          batched))))
                 print(rows[-1], flush=True)
     return rows
@@ -183,6 +184,16 @@ def comparison(rows: list[dict], c: int) -> str:
     return text
 
 
+def per_level(parser, flag: str, value: str, levels: list[int]) -> list[int]:
+    """A count for all concurrency levels, or one per level."""
+    counts = [int(x) for x in value.split(",")]
+    if len(counts) == 1:
+        counts *= len(levels)
+    if len(counts) != len(levels) or min(counts) < 1:
+        parser.error(f"{flag} {value!r}: give one count >= 1, or one per --concurrency level ({len(levels)})")
+    return counts
+
+
 def ms(value: float) -> str:
     return "-" if np.isnan(value) else f"{value:.1f}"
 
@@ -191,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument("--num-requests", default="200",
+                        help="requests per concurrency: one count for all, or one per --concurrency level")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--prompt-len", default="128,1024", help="min,max prompt tokens")
     parser.add_argument("--output-len", default="128,512", help="min,max output tokens")
@@ -200,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-batch-size", type=int,
                         help="the baseline's max_batch_size: most requests one generate() call takes; default: "
                              "the largest concurrency, so no request waits for a batch slot")
-    parser.add_argument("--baseline-requests", type=int,
-                        help="send the baseline only the first N requests (it is slow); default: all")
+    parser.add_argument("--baseline-requests",
+                        help="send the baseline only the first N requests (it is slow), one count or one per "
+                             "level; default: as --num-requests")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
@@ -210,24 +223,30 @@ def main(argv: list[str] | None = None) -> int:
     from llm_engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
     from llm_engine.tokenizer import Tokenizer
+    from ragstack.provenance import source_commit
 
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
+    counts = per_level(parser, "--num-requests", args.num_requests, levels)
+    baseline_counts = (counts if args.baseline_requests is None
+                       else per_level(parser, "--baseline-requests", args.baseline_requests, levels))
     tokenizer = Tokenizer(args.model)
-    requests = make_requests(tokenizer, args.num_requests, [int(x) for x in args.prompt_len.split(",")],
+    requests = make_requests(tokenizer, max(counts), [int(x) for x in args.prompt_len.split(",")],
                              [int(x) for x in args.output_len.split(",")])
-    rows = serve(lambda dest: write_repository(dest, args.model, settings), "llm", "triton", requests, levels)
+    rows = serve(lambda dest: write_repository(dest, args.model, settings), "llm", "triton", requests, levels,
+                 counts)
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
-                      HF_SYSTEM, requests[:args.baseline_requests], levels, batched=True)
+                      HF_SYSTEM, requests, levels, [min(n, m) for n, m in zip(baseline_counts, counts)],
+                      batched=True)
 
     async def in_process():
         engine = AsyncLLMEngine.from_config(EngineConfig(model=args.model, **settings))
         try:
             await run_in_process(engine, requests[:2], 2)  # warm-up, as the server's load does
-            for c in levels:
-                rows.append(summarize("in-process", c, *await run_in_process(engine, requests, c)))
+            for c, n in zip(levels, counts):
+                rows.append(summarize("in-process", c, *await run_in_process(engine, requests[:n], c)))
                 print(rows[-1], flush=True)
         finally:
             engine.shutdown(timeout=0)
