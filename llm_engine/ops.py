@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
-
 from llm_engine import kernels
 
 _MODES = ("auto", "triton", "ref")
@@ -41,11 +38,3 @@ silu_and_mul = _select("silu_and_mul")
 write_kv_cache = _select("write_kv_cache")
 paged_decode_attention = _select("paged_decode_attention")
 paged_prefill_attention = _select("paged_prefill_attention")
-_skinny_matmul = _select("skinny_matmul")
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T (+ b): the weight-streaming kernel for a small decode batch's few rows, cuBLAS otherwise."""
-    if kernels.fits_skinny_matmul(x):
-        return _skinny_matmul(x, weight, bias)
-    return F.linear(x, weight, bias)

@@ -9,8 +9,7 @@ kernel must move. --sweep overrides launch configs through override_launch_param
 
 Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
 bf16 KV decode at 32k (>= 1.6x); causal prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA
-flash on the same q/k/v alongside); write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul;
-skinny_matmul (a decode step's projections at batch 1 and 8) against cuBLAS on the same weights.
+flash on the same q/k/v alongside); write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul.
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
 
     python scripts/bench_kernels.py --json /tmp/kernels.json --record docs/benchmarks.md
@@ -253,31 +252,6 @@ def silu_bench(s: Sizes, gen) -> Bench:
                              for b, w in itertools.product((512, 1024, 2048, 4096), (2, 4, 8, 16))])
 
 
-def skinny_benches(s: Sizes, rows: int, gen) -> list[Bench]:
-    """A decode step's four projections of one layer at `rows` rows, the kernel and cuBLAS
-    (F.linear) side by side; both only have to read the weight once."""
-    qkv = (s.q_heads + 2 * s.kv_heads) * s.head_dim
-    benches = []
-    for name, n, k in (("qkv", qkv, s.hidden), ("o", s.hidden, s.q_heads * s.head_dim),
-                       ("gate_up", s.gate_up, s.hidden), ("down", s.hidden, s.gate_up // 2)):
-        x, weight = randn(gen, rows, k), randn(gen, n, k) / k**0.5
-        expected = K.skinny_matmul_ref(x, weight)
-        case, shape = f"skinny_matmul {name}", f"[{rows}, {k}] x [{n}, {k}]^T"
-        check = (lambda c, e: lambda out: expect_close(c, out, e))(case, expected)
-        moved = weight.nbytes + x.nbytes + rows * n * x.element_size()
-        tune = name in ("gate_up", "down")  # the widest and the narrowest grid
-        benches += [
-            Bench(case, shape, "skinny_matmul", call=(lambda a, b: lambda: K.skinny_matmul(a, b))(x, weight),
-                  check=check, bytes=moved,
-                  candidates=[({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st}, {})
-                              for bn, bk, w, st in itertools.product((16, 32), (128, 256, 512), (4, 8), (3, 4))]
-                  if tune else []),
-            Bench(f"cuBLAS {name}", shape, None, call=(lambda a, b: lambda: torch.nn.functional.linear(a, b))(x, weight),
-                  check=check, bytes=moved),
-        ]
-    return benches
-
-
 DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
 BEST_HEADER = "Best launch configs (sweep; num_splits null: the heuristic's splits= in the shape):"
 
@@ -294,8 +268,6 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "write_kv": lambda: [write_kv_bench(s, BF16, gen), write_kv_bench(s, FP8, gen)],
         "rms_norm": lambda: [rms_norm_bench(s, gen)],
         "silu": lambda: [silu_bench(s, gen)],
-        "skinny": lambda: skinny_benches(s, 1, gen),
-        "skinny_b8": lambda: skinny_benches(s, 8, gen),
     }
 
 

@@ -15,22 +15,14 @@ from llm_engine.kernels.kv_cache import (
 from llm_engine.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from llm_engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from llm_engine.kernels.rotary import apply_rotary, apply_rotary_ref
-from llm_engine.kernels.skinny_matmul import (
-    SKINNY_MAX_ROWS,
-    fits_skinny_matmul,
-    skinny_matmul,
-    skinny_matmul_ref,
-)
 
 __all__ = [
     "FP8_E4M3_MAX",
     "FP8_SCALE_MIN",
-    "SKINNY_MAX_ROWS",
     "apply_rotary",
     "apply_rotary_ref",
     "dequantize_fp8_cache_ref",
     "dequantize_fp8_ref",
-    "fits_skinny_matmul",
     "gather_kv_ref",
     "paged_decode_attention",
     "paged_decode_attention_ref",
@@ -42,8 +34,6 @@ __all__ = [
     "rms_norm_ref",
     "silu_and_mul",
     "silu_and_mul_ref",
-    "skinny_matmul",
-    "skinny_matmul_ref",
     "write_kv_cache",
     "write_kv_cache_ref",
 ]

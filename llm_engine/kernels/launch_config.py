@@ -61,7 +61,6 @@ def interpreting() -> bool:
 
 
 @functools.cache
-@functools.cache
 def _device_family(device: torch.device) -> str:
     if device.type != "cuda" or interpreting():
         return "default"

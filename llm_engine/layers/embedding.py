@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llm_engine import ops
 from llm_engine.distributed import SINGLE, TensorParallelGroup
 from llm_engine.layers.parallel_linear import shard_param
 
@@ -40,7 +39,7 @@ class VocabEmbedding(nn.Module):
 def compute_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
                    tp: TensorParallelGroup) -> torch.Tensor | None:
     """float32 logits [N, vocab] of hidden [N, hidden] (None on ranks other than 0)."""
-    logits = ops.linear(hidden, weight)
+    logits = F.linear(hidden, weight)
     if tp.size > 1:
         # Gathered in the model dtype, then cast: the same values as one rank's F.linear, half the bytes.
         logits = tp.gather(logits)

@@ -1,11 +1,9 @@
-"""Dense projections whose weights the loader fills by name (ops.linear: cuBLAS, or the
-weight-streaming kernel for a small decode batch)."""
+"""Dense projections (cuBLAS matmuls) whose weights the loader fills by name."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-
-from llm_engine import ops
 
 
 class Linear(nn.Module):
@@ -17,7 +15,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class MergedLinear(Linear):

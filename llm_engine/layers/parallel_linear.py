@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from llm_engine import ops
 from llm_engine.distributed import TensorParallelGroup
 from llm_engine.layers.linear import Linear, MergedLinear
 
@@ -53,6 +53,6 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return ops.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias)
         # The bias is replicated: only rank 0 adds it, so the sum holds it once.
-        return self.tp.all_reduce(ops.linear(x, self.weight, self.bias if self.tp.rank == 0 else None))
+        return self.tp.all_reduce(F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None))
