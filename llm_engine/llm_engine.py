@@ -11,9 +11,8 @@ sequences of the step in flight are advanced with placeholder tokens (the schedu
 as decoding one token further; the runner fills the real ids in on the device), then the ids are
 read back and put in place, and only then are eos, stop tokens and stop strings seen: a sequence
 they end has had one more token computed, which is dropped (its blocks are freed at once; the
-device runs that step before any later one that reuses them). The step waits for the previous
-one's tokens first when its sampling needs them on the host (penalties), or when
-`async_scheduling` is off.
+device runs that step before any later one that reuses them). With `async_scheduling` off, each
+step waits for the previous one's tokens before it is scheduled.
 """
 from __future__ import annotations
 
@@ -58,7 +57,6 @@ class LaunchedStep:
 
     batch: ScheduledBatch
     result: SamplerOutput | None  # None: no sequence was sampled
-    overlappable: bool            # the next step may be launched before `result` reaches the host
 
 
 class LLMEngine:
@@ -158,7 +156,7 @@ class LLMEngine:
         empty step hands out the last ones.
         """
         prev, self._in_flight = self._in_flight, None
-        overlap = prev is not None and prev.overlappable
+        overlap = prev is not None and self.config.async_scheduling
         done: list[tuple[Request, float]] = []
         if overlap:
             self.scheduler.advance(prev.batch)  # its sampled tokens as placeholders
@@ -196,10 +194,7 @@ class LLMEngine:
         tokens its placeholders stand for."""
         sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
         logits = self.model_runner.execute(batch, sampled_ids)
-        result = self.sampler(logits, sampled) if sampled else None
-        # Penalties read every generated token on the host: the next step needs this one's first.
-        overlappable = self.config.async_scheduling and not any(s.sampling_params.has_penalties for s in sampled)
-        return LaunchedStep(batch, result, overlappable)
+        return LaunchedStep(batch, self.sampler(logits, sampled, sampled_ids) if sampled else None)
 
     def _complete(self, step: LaunchedStep, advanced: bool = False) -> list[tuple[Request, float]]:
         """Wait for the step's sampled tokens and put them in its sequences (advance done already

@@ -12,7 +12,8 @@ all processing above (greedy rows: after masking and penalties, temperature 1).
 
 Nothing here waits for the device: per-row settings reach it through pinned memory, and the
 sampled ids stay on the device (the next step's inputs are filled from them there) while their
-copy to the host runs behind the step.
+copy to the host runs behind the step. A sequence's last output token may still be a placeholder
+for the previous step's sampled ids (async scheduling): penalties read it from them on the device.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from llm_engine.host_copy import HostCopy, to_device
-from llm_engine.sequence import Sequence
+from llm_engine.sequence import Sequence, placeholder_row
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads consecutive positions over the seed space
 
@@ -54,13 +55,15 @@ class Sampler:
     def __init__(self, eos_token_ids: Iterable[int]) -> None:
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """`logits` [len(seqs), vocab] for the sampled sequences in batch order (not modified)."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 sampled_ids: torch.Tensor | None = None) -> SamplerOutput:
+        """`logits` [len(seqs), vocab] for the sampled sequences in batch order (not modified);
+        `sampled_ids`: the previous step's, which placeholder tokens in `seqs` stand for."""
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
         params = [s.sampling_params for s in seqs]
         logits = logits.to(torch.float32, copy=True)
         self._mask_early_stop(logits, seqs)
-        logits = self._apply_penalties(logits, seqs)
+        logits = self._apply_penalties(logits, seqs, sampled_ids)
 
         device = logits.device
         # Decided on the host: a device-side all() would cost a sync every step.
@@ -96,7 +99,8 @@ class Sampler:
             device = logits.device
             logits[to_device(rows, torch.long, device), to_device(cols, torch.long, device)] = float("-inf")
 
-    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence],
+                         sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
         rows = [i for i, s in enumerate(seqs) if s.sampling_params.has_penalties]
         if not rows:
             return logits
@@ -110,6 +114,9 @@ class Sampler:
             return to_device(pad_sequence(tensors, batch_first=True, padding_value=vocab), torch.long, device)
 
         out_ids = padded([seqs[i].output_token_ids for i in rows])
+        if sampled_ids is not None:  # a placeholder (the last output token) is read on the device
+            rows_of = placeholder_row(out_ids).clamp_(min=0)
+            out_ids = torch.where(out_ids < 0, sampled_ids.long()[rows_of], out_ids)
         prompt_ids = padded([seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows])
         n = len(rows)
         counts = torch.zeros(n, vocab + 1, device=device)

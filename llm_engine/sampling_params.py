@@ -80,7 +80,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        """The sampler reads the tokens generated so far (so their last one must be on the host)."""
+        """The sampler reads the tokens generated so far."""
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     def _validate(self) -> None:
