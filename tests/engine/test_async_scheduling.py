@@ -293,7 +293,9 @@ def test_the_steady_state_step_loop_has_no_stream_sync(tiny_checkpoints):
     before = engine.get_stats().num_async_steps
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(20):
+        for i in range(20):
+            if i == 10:  # a step with a prefill chunk next to the decodes
+                engine.add_request("joins", PROMPTS[3], greedy(max_tokens=8, ignore_eos=True, repetition_penalty=1.2))
             engine.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
