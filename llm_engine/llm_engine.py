@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from llm_engine.batch import ScheduledBatch
 from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer
-from llm_engine.batch import ScheduledBatch
 from llm_engine.model_runner import ModelRunner
 from llm_engine.outputs import EngineStats, RequestOutput, RequestStats
 from llm_engine.sampler import Sampler, SamplerOutput
@@ -136,7 +136,7 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.finish(req.seq, "abort")
+        self.scheduler.abort(request_id)
         return self._output(req)
 
     def has_unfinished_requests(self) -> bool:
@@ -161,19 +161,19 @@ class LLMEngine:
         if overlap:
             self.scheduler.advance(prev.batch)  # its sampled tokens as placeholders
         elif prev is not None:
-            done = self._complete(prev)
+            done = self._complete(prev)  # synchronous: the device idles until the launch below
+        sampled_ids = prev.result.ids if overlap and prev.result is not None else None
         batch = self.scheduler.schedule()
         failure = None
         if batch.seqs:
             self._account_scheduled(batch)
             try:
-                self._in_flight = self._launch(batch, prev.result.ids if overlap and prev.result else None)
+                self._in_flight = self._launch(batch, sampled_ids)
             except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
                 logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
                 failure = exc
         if overlap:
-            if self._in_flight is not None and prev.result is not None:
-                self._num_async_steps += 1
+            self._num_async_steps += self._in_flight is not None and sampled_ids is not None
             done = self._complete(prev, advanced=True)
         outputs = self._emit(done)
         if failure is not None:
