@@ -5,7 +5,7 @@ Decode-heavy steps: --batch requests of a 128-token prompt and --output-tokens g
 schedule; account (advance + resolve: placeholders, then the sampled tokens put in place);
 prepare (the packed step inputs); upload (host-to-device copy, placeholders filled); forward
 (run_step); sample; wait (for the sampled ids on the host); emit (detokenize, outputs); other
-(the rest of step()).
+(the rest of step()). Each figure is the median over the decode steps (robust to a busy machine).
 
 On the CPU, forward and sample are the computation itself, so the device never overlaps the host;
 what the run shows is the host's own cost per step and, with async scheduling off, the part of it
@@ -22,6 +22,7 @@ import argparse
 import functools
 import platform
 import random
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -82,19 +83,20 @@ def measure(model: str, device: str, batch: int, output_tokens: int, async_sched
         for i, ids in enumerate(prompts):
             engine.add_request(f"r{i}", ids, params)
         engine.step()  # the prefill: not a decode step
-        totals.clear()
         async_before = engine.get_stats().num_async_steps
-        steps, t0 = 0, time.perf_counter()
+        per_step = []
         while engine.has_unfinished_requests():
+            totals.clear()
+            t0 = time.perf_counter()
             engine.step()
-            steps += 1
-        wall = time.perf_counter() - t0
+            wall = time.perf_counter() - t0
+            per_step.append({"wall": wall, **{p: totals[p] for p in PHASES},
+                             "other": wall - sum(totals[p] for p in PHASES)})
     finally:
         HostCopy.wait = HostCopy.wait.__wrapped__
-    ms = {phase: 1e3 * totals[phase] / steps for phase in PHASES}
-    ms["other"] = 1e3 * wall / steps - sum(ms.values())
-    return {"mode": "async" if async_scheduling else "sync", "batch": batch, "steps": steps,
-            "wall": 1e3 * wall / steps, **ms, "async_steps": engine.get_stats().num_async_steps - async_before}
+    ms = {key: 1e3 * statistics.median(step[key] for step in per_step) for key in per_step[0]}
+    return {"mode": "async" if async_scheduling else "sync", "batch": batch, "steps": len(per_step), **ms,
+            "async_steps": engine.get_stats().num_async_steps - async_before}
 
 
 def main(argv: list[str] | None = None) -> int:
