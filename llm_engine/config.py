@@ -29,6 +29,9 @@ class EngineConfig:
     enforce_eager: bool = False             # True: no CUDA graphs
     max_waiting: int | None = 1024          # bound of the waiting queue; None: unbounded
     tensor_parallel_size: int = 1           # processes (GPUs from `device` on) the model is split over
+    # Launch each step before the previous one's sampled tokens reach the host, so the host's work
+    # between steps overlaps the device's (llm_engine.py); False: every step waits for the last.
+    async_scheduling: bool = True
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -49,6 +52,8 @@ class EngineConfig:
         if self.max_waiting is not None:
             _expect_min("max_waiting", self.max_waiting, 1)
         _expect_min("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be a bool, got {self.async_scheduling!r}")
         self.model_config.per_rank(self.tensor_parallel_size)  # raises unless the shapes split evenly
 
     @property

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from llm_engine.host_copy import to_device
+
 # A command is JSON in a fixed-size byte tensor, so the other ranks know what to receive.
 HEADER_BYTES = 1024
 # NVLink multicast stays off (NCCL, PyTorch symmetric memory, NVSHMEM): on a shared host a program
@@ -60,7 +62,7 @@ class TensorParallelGroup:
             raise ValueError(f"command header of {len(text)} bytes exceeds {HEADER_BYTES}")
         header = torch.full((HEADER_BYTES,), ord(" "), dtype=torch.uint8)
         header[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-        self.broadcast(header.to(self.device))
+        self.broadcast(to_device(header, torch.uint8, self.device))  # no wait for the step in flight
 
     def receive_command(self) -> dict:
         header = self.broadcast(torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device))

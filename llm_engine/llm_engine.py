@@ -1,8 +1,18 @@
-"""The synchronous engine: requests in, one batched model step per `step()`, outputs out.
+"""The engine: requests in, one batched model step per `step()`, outputs out.
 
 Wires ModelRunner (forward pass), Scheduler + BlockManager (what runs, where its KV lives),
 Sampler (next tokens) and one IncrementalDetokenizer per request (text, stop strings).
 Not thread-safe: AsyncLLMEngine drives it from a single thread.
+
+Async scheduling: a step is launched (forward and sampling queued on the device) and left in
+flight; the next `step()` schedules and launches the following step before it waits for the
+sampled ids, so the host's scheduling and input preparation overlap the device's work. The
+sequences of the step in flight are advanced with placeholder tokens (the scheduler treats them
+as decoding one token further; the runner fills the real ids in on the device), then the ids are
+read back and put in place, and only then are eos, stop tokens and stop strings seen: a sequence
+they end has had one more token computed, which is dropped (its blocks are freed at once; the
+device runs that step before any later one that reuses them). With `async_scheduling` off, each
+step waits for the previous one's tokens before it is scheduled.
 """
 from __future__ import annotations
 
@@ -11,12 +21,15 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
+from llm_engine.batch import ScheduledBatch
 from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer
 from llm_engine.model_runner import ModelRunner
 from llm_engine.outputs import EngineStats, RequestOutput, RequestStats
-from llm_engine.sampler import Sampler
+from llm_engine.sampler import Sampler, SamplerOutput
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler
 from llm_engine.sequence import Sequence
@@ -38,6 +51,14 @@ class Request:
     num_sent_tokens: int = 0  # output tokens already reported (for delta_token_ids)
 
 
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step whose forward pass and sampling are queued on the device."""
+
+    batch: ScheduledBatch
+    result: SamplerOutput | None  # None: no sequence was sampled
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_runner: ModelRunner | None = None) -> None:
         """`model_runner` defaults to a ModelRunner for config (rank 0's, starting the other ranks, when
@@ -55,7 +76,8 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
-        self._pending: list[tuple[Request, float]] = []  # sampled last step, not yet turned into outputs
+        self._num_async_steps = 0
+        self._in_flight: LaunchedStep | None = None
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -109,17 +131,11 @@ class LLMEngine:
         self._requests[request.request_id] = request
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Finish the request with "abort" and free its KV blocks now. None if it is unknown
-        (finished already)."""
+        """Finish the request with "abort" and free its KV blocks now (a token of the step in
+        flight is dropped). None if it is unknown (finished already)."""
         req = self._requests.get(request_id)
         if req is None:
             return None
-        for pending, sampled_at in self._pending:  # its last token's text still belongs to it
-            if pending is req:
-                self._absorb_token(req, sampled_at)
-        self._pending = [(r, t) for r, t in self._pending if r is not req]
-        if req.seq.is_finished:  # the token just absorbed ended it (stop string, or eos/length)
-            return self._output(req)
         self.scheduler.abort(request_id)
         return self._output(req)
 
@@ -133,16 +149,38 @@ class LLMEngine:
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batched model step; outputs for every request that got a new token.
+        """Launch one batched model step; outputs for every request that got a new token.
 
-        A step's tokens are turned into outputs (detokenized, stop strings checked) during the
-        next step, on the CPU while the GPU computes: its outputs come back one step later, and an
-        empty step hands out the last ones. A request that a stop string ends this way has had
-        one more token computed, which is dropped.
+        The outputs are those of the step launched by the previous call (the tokens reach the host
+        while this step runs, and are detokenized, stop strings checked, after its launch); an
+        empty step hands out the last ones.
         """
+        prev, self._in_flight = self._in_flight, None
+        overlap = prev is not None and self.config.async_scheduling
+        done: list[tuple[Request, float]] = []
+        if overlap:
+            self.scheduler.advance(prev.batch)  # its sampled tokens as placeholders
+        elif prev is not None:
+            done = self._complete(prev)  # synchronous: the device idles until the launch below
+        sampled_ids = prev.result.ids if overlap and prev.result is not None else None
         batch = self.scheduler.schedule()
-        if not batch.seqs:
-            return self._drain_pending()
+        failure = None
+        if batch.seqs:
+            self._account_scheduled(batch)
+            try:
+                self._in_flight = self._launch(batch, sampled_ids)
+            except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
+                logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
+                failure = exc
+        if overlap:
+            self._num_async_steps += self._in_flight is not None and sampled_ids is not None
+            done = self._complete(prev, advanced=True)
+        outputs = self._emit(done)
+        if failure is not None:
+            outputs += [self._fail(seq, failure) for seq in batch.seqs if not seq.is_finished]
+        return outputs
+
+    def _account_scheduled(self, batch: ScheduledBatch) -> None:
         now = time.monotonic()
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             stats = self._requests[seq.request_id].stats
@@ -150,33 +188,30 @@ class LLMEngine:
                 stats.first_scheduled_time = now
             if n > 1 or seq.num_output_tokens == 0:
                 self._num_prompt_tokens += n
-        sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
-        outputs: list[RequestOutput] = []
-        try:
-            logits = self.model_runner.execute(batch)
-            outputs = self._drain_pending()
-            result = self.sampler(logits, sampled) if sampled else None
-        except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
-            logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
-            outputs += self._drain_pending()
-            return outputs + [self._fail(seq, exc) for seq in batch.seqs if not seq.is_finished]
-        if result is None:
-            self.scheduler.postprocess(batch, [], [])
-            return outputs
-        self.scheduler.postprocess(batch, result.token_ids, result.logprobs)
-        self._num_generation_tokens += len(sampled)
-        # Requests already gone (ended by a stop string while this step ran) dropped their token.
-        sampled_at = time.monotonic()
-        self._pending = [(self._requests[s.request_id], sampled_at) for s in sampled if s.request_id in self._requests]
-        return outputs
 
-    def _drain_pending(self) -> list[RequestOutput]:
-        """Outputs of the tokens the last step sampled."""
-        pending, self._pending = self._pending, []
+    def _launch(self, batch: ScheduledBatch, sampled_ids: torch.Tensor | None) -> LaunchedStep:
+        """Queue the batch's forward pass and sampling; `sampled_ids` (on the device) are the
+        tokens its placeholders stand for."""
+        sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
+        logits = self.model_runner.execute(batch, sampled_ids)
+        return LaunchedStep(batch, self.sampler(logits, sampled, sampled_ids) if sampled else None)
+
+    def _complete(self, step: LaunchedStep, advanced: bool = False) -> list[tuple[Request, float]]:
+        """Wait for the step's sampled tokens and put them in its sequences (advance done already
+        or not); the requests that got one, with the time it arrived."""
+        ids, logprobs = (step.result.token_ids, step.result.logprobs) if step.result is not None else ([], None)
+        if advanced:
+            got = self.scheduler.resolve(step.batch, ids, logprobs)
+        else:
+            got = self.scheduler.postprocess(step.batch, ids, logprobs)
+        self._num_generation_tokens += len(got)
+        sampled_at = time.monotonic()
+        return [(self._requests[seq.request_id], sampled_at) for seq in got]
+
+    def _emit(self, done: list[tuple[Request, float]]) -> list[RequestOutput]:
+        """Outputs of the requests that got a token."""
         outputs = []
-        for req, sampled_at in pending:
-            if req.request_id not in self._requests:
-                continue  # aborted since
+        for req, sampled_at in done:
             try:
                 self._absorb_token(req, sampled_at)
                 outputs.append(self._output(req))
@@ -249,6 +284,7 @@ class LLMEngine:
             num_prompt_tokens=self._num_prompt_tokens,
             num_cached_tokens=self.scheduler.num_cached_tokens,
             num_generation_tokens=self._num_generation_tokens,
+            num_async_steps=self._num_async_steps,
         )
 
     # --- helpers ------------------------------------------------------------------------------

@@ -14,6 +14,13 @@ would re-read its KV for every query head of a GQA group).
 
 A step runs in three parts, so that tensor parallelism (tp_runner.py, worker.py) can send it to the
 other ranks between them: prepare_step (host side, rank 0 only), upload_step, run_step (every rank).
+
+Async scheduling: a step can be launched before the previous one's sampled ids reach the host. Its
+sequences then end in placeholder tokens (sequence.placeholder_token); prepare_step lists where they
+sit in the input ids and which sampled row each stands for, and upload_step copies those rows from
+the previous step's sampled-id tensor into the uploaded input ids, on the device, in stream order
+(for a graph: into its static input buffer, before the replay; with tensor parallelism: before the
+broadcast, so the other ranks receive the real ids).
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from llm_engine.kernels.prefill_attention import MIN_BATCH_BUCKET
 from llm_engine.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
 from llm_engine.layers.attention import AttentionMetadata
 from llm_engine.loader import load_model
-from llm_engine.sequence import Sequence
+from llm_engine.sequence import Sequence, placeholder_row
 from llm_engine.tokenizer import Tokenizer
 
 # Decode graphs cover contexts up to this many tokens (vLLM's max_seq_len_to_capture): their block
@@ -53,6 +60,7 @@ class StepLayout:
     num_values: int                                 # the packed array's length
     graph_rows: int = 0                             # the CUDA graph that replays the step; 0: eager
     num_decodes: int = 0                            # leading decodes of a step with prefill chunks
+    num_placeholders: int = 0                       # input ids filled from the previous step's sampled ids
 
 
 class ModelRunner:
@@ -89,12 +97,14 @@ class ModelRunner:
     # --- one step -------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Write the batch's KV and return float32 logits [num_sampled, vocab], in batch order."""
+    def execute(self, batch: ScheduledBatch, sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Write the batch's KV and return float32 logits [num_sampled, vocab], in batch order.
+        `sampled_ids`: the previous step's sampled ids (on the device), which the batch's
+        placeholder tokens stand for."""
         if not batch.seqs:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         host, layout = self.prepare_step(batch, graphs=True)
-        return self.run_step(self.upload_step(host, layout), layout)
+        return self.run_step(self.upload_step(host, layout, sampled_ids), layout)
 
     @torch.inference_mode()
     def execute_eager(self, batch: ScheduledBatch) -> torch.Tensor:
@@ -108,16 +118,26 @@ class ModelRunner:
         if graphs and self.graphs and self._fits_graph(batch):
             rows = self.graph_batch_sizes[bisect.bisect_left(self.graph_batch_sizes, len(batch.seqs))]
             host, sizes = self._prepare(batch, num_rows=rows, width=self.graph_max_blocks, prefill=False)
-            return host, StepLayout(sizes, host.size, graph_rows=rows)
+            return host, StepLayout(sizes, host.size, graph_rows=rows, num_placeholders=_num_placeholders(sizes))
         prefill = not batch.is_decode_only
         host, sizes = self._prepare(batch, num_rows=len(batch.seqs), width=None, prefill=prefill)
-        return host, StepLayout(sizes, host.size, num_decodes=_leading_decodes(batch.num_new_tokens) if prefill else 0)
+        return host, StepLayout(sizes, host.size, num_decodes=_leading_decodes(batch.num_new_tokens) if prefill else 0,
+                                num_placeholders=_num_placeholders(sizes))
 
-    def upload_step(self, host: np.ndarray, layout: StepLayout) -> torch.Tensor:
-        """The packed inputs on the device; a graph reads them from fixed addresses: its static buffer."""
+    def upload_step(self, host: np.ndarray, layout: StepLayout,
+                    sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The packed inputs on the device, placeholders filled from `sampled_ids`; a graph reads
+        them from fixed addresses: its static buffer."""
         if layout.graph_rows:
-            return self._graph_inputs[: host.size].copy_(self._pinned(host), non_blocking=True)
-        return self._upload(host)
+            flat = self._graph_inputs[: host.size].copy_(self._pinned(host), non_blocking=True)
+        else:
+            flat = self._upload(host)
+        if layout.num_placeholders:
+            if sampled_ids is None:
+                raise ValueError(f"the step has {layout.num_placeholders} placeholder tokens but no sampled ids")
+            views = self._views(flat, layout.sizes)
+            views["input_ids"].index_put_((views["placeholder_dst"],), sampled_ids[views["placeholder_src"]])
+        return flat
 
     def step_buffer(self, layout: StepLayout) -> torch.Tensor:
         """Where a tensor-parallel worker receives the packed inputs that rank 0 uploaded."""
@@ -180,6 +200,7 @@ class ModelRunner:
         input_ids = np.fromiter(
             chain.from_iterable(s.token_ids[a:a + n] for s, a, n in zip(seqs, start.tolist(), batch.num_new_tokens)),
             dtype=np.int64, count=num_tokens)
+        placeholders = np.flatnonzero(input_ids < 0)  # left negative: an unfilled one fails the lookup
         block_tables = np.zeros((num_rows, width), dtype=np.int64)
         block_tables[:num_seqs][np.arange(width) < num_blocks[:, None]] = np.fromiter(
             chain.from_iterable(s.block_table[:k] for s, k in zip(seqs, num_blocks.tolist())),
@@ -197,8 +218,9 @@ class ModelRunner:
             d = _leading_decodes(batch.num_new_tokens)
             segments.append(("cu_seqlens_q", cu_seqlens[d:] - d))
         segments += [("block_tables", block_tables.ravel()), ("logits_indices", logits_indices)]
-        sizes = [(name, a.size) for name, a in segments]
-        sizes[-2] = ("block_tables", (num_rows, width))
+        if placeholders.size:
+            segments += [("placeholder_dst", placeholders), ("placeholder_src", placeholder_row(input_ids[placeholders]))]
+        sizes = [(name, (num_rows, width) if name == "block_tables" else a.size) for name, a in segments]
         # (np.pad and concatenate would cost more than the rest of the step preparation together.)
         starts = np.cumsum([0] + [-(-a.size // SEGMENT_ALIGN) * SEGMENT_ALIGN for _, a in segments])
         packed = np.zeros(int(starts[-1]), dtype=np.int32)
@@ -314,9 +336,9 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     def _allocate_graph_buffers(self, max_bs: int) -> None:
-        # Per row: input id, position, slot, context length, block table; then the sampled rows;
-        # each of the six segments padded to SEGMENT_ALIGN.
-        size = max_bs * (4 + self.graph_max_blocks) + max_bs + 6 * SEGMENT_ALIGN
+        # Per row: input id, position, slot, context length, block table; then the sampled rows and
+        # the placeholders' positions and sampled rows; each of the eight segments padded to SEGMENT_ALIGN.
+        size = max_bs * (4 + self.graph_max_blocks) + 3 * max_bs + 8 * SEGMENT_ALIGN
         self._graph_inputs = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._graph_hidden = torch.empty(max_bs, self.model_config.hidden_size, dtype=self.config.torch_dtype,
                                          device=self.device)
@@ -341,6 +363,10 @@ def _padded(a: np.ndarray, n: int, value: int) -> np.ndarray:
     out = np.full(n, value, dtype=a.dtype)
     out[:a.size] = a
     return out
+
+
+def _num_placeholders(sizes: list[tuple[str, int | tuple[int, int]]]) -> int:
+    return dict(sizes).get("placeholder_dst", 0)
 
 
 def _leading_decodes(num_new_tokens: list[int]) -> int:

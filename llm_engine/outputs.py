@@ -87,4 +87,5 @@ class EngineStats:
     num_preemptions: int
     num_prompt_tokens: int  # prompt tokens computed by prefill chunks (recompute included, cache hits not)
     num_cached_tokens: int  # prompt tokens served from the prefix cache
-    num_generation_tokens: int  # tokens sampled
+    num_generation_tokens: int  # tokens sampled and kept (a token computed after its request ended is not)
+    num_async_steps: int = 0  # steps launched before the previous step's sampled tokens reached the host

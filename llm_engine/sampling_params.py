@@ -78,6 +78,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def has_penalties(self) -> bool:
+        """The sampler reads the tokens generated so far."""
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
     def _validate(self) -> None:
         def number(name: str) -> float:
             value = getattr(self, name)

@@ -13,7 +13,7 @@ from typing import Iterable
 
 from llm_engine.batch import ScheduledBatch
 from llm_engine.block_manager import BlockManager
-from llm_engine.sequence import Sequence, SequenceStatus
+from llm_engine.sequence import Sequence, SequenceStatus, placeholder_token
 
 
 class EngineOverloadedError(RuntimeError):
@@ -139,39 +139,59 @@ class Scheduler:
         self.num_preemptions += 1
 
     # --- after the model ran ------------------------------------------------------------------
+    # A launched step is accounted in two parts, so that the next one can be scheduled before the
+    # sampled tokens reach the host: advance (what the step computed; each sampled sequence gets a
+    # placeholder token) and resolve (the sampled tokens replace the placeholders).
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int],
                     logprobs: list[float | None] | None = None) -> list[Sequence]:
-        """Account the computed tokens, append the sampled ones, finish what is done.
+        """advance and resolve at once, the sampled tokens being known."""
+        self.advance(batch)
+        return self.resolve(batch, sampled_token_ids, logprobs)
 
-        `sampled_token_ids` (and `logprobs`) follow batch order over the sampled sequences.
-        Returns the sequences that finished in this step.
-        """
-        finished = []
-        i = 0
+    def advance(self, batch: ScheduledBatch) -> None:
+        """Account the computed tokens; each sampled sequence gets the placeholder of its row
+        (sequence.placeholder_token) and ends ("length") if that token reaches its length limit."""
+        row = -1
         for seq, n, is_sampled in zip(batch.seqs, batch.num_new_tokens, batch.sample):
-            if seq.is_finished:  # ended while the step ran (a stop string found late): drop its token
-                i += is_sampled
+            row += is_sampled
+            if seq.is_finished:  # ended while the step ran (stop string, abort): its token is dropped
                 continue
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
             if not is_sampled:
                 continue
-            seq.append_token(sampled_token_ids[i], logprobs[i] if logprobs is not None else None)
-            i += 1
-            reason = self._finish_reason(seq)
-            if reason is not None:
-                self.finish(seq, reason)
-                finished.append(seq)
-        return finished
+            seq.append_token(placeholder_token(row))
+            if self._at_length_limit(seq):
+                self.finish(seq, "length")
 
-    def _finish_reason(self, seq: Sequence) -> str | None:
+    def resolve(self, batch: ScheduledBatch, sampled_token_ids: list[int],
+                logprobs: list[float | None] | None = None) -> list[Sequence]:
+        """Put the sampled tokens in place of advance's placeholders (`sampled_token_ids` and
+        `logprobs` follow batch order over the sampled sequences); finish what a stop token ends.
+        Returns the sequences that got a token, in batch order."""
+        got = []
+        sampled = (seq for seq, is_sampled in zip(batch.seqs, batch.sample) if is_sampled)
+        for row, seq in enumerate(sampled):
+            if seq.token_ids[-1] != placeholder_token(row):
+                continue  # had ended before advance: no token
+            seq.token_ids[-1] = sampled_token_ids[row]
+            if logprobs is not None and logprobs[row] is not None:
+                seq.output_logprobs.append(logprobs[row])
+            got.append(seq)
+            if self._is_stop(seq):
+                if seq.is_finished:  # ended by its length limit in advance: a stop token is the reason
+                    seq.finish_reason = "stop"
+                else:
+                    self.finish(seq, "stop")
+        return got
+
+    def _is_stop(self, seq: Sequence) -> bool:
         params = seq.sampling_params
         token = seq.token_ids[-1]
-        n_out = seq.num_output_tokens
-        if n_out >= params.min_tokens:
-            if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
-                return "stop"
-        if (params.max_tokens is not None and n_out >= params.max_tokens) or len(seq) >= self.max_model_len:
-            return "length"
-        return None
+        return seq.num_output_tokens >= params.min_tokens and (
+            (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids)
+
+    def _at_length_limit(self, seq: Sequence) -> bool:
+        max_tokens = seq.sampling_params.max_tokens
+        return (max_tokens is not None and seq.num_output_tokens >= max_tokens) or len(seq) >= self.max_model_len

@@ -9,6 +9,17 @@ from typing import Any
 _seq_counter = itertools.count()
 
 
+def placeholder_token(row: int) -> int:
+    """Stands in token_ids for the token that a launched step samples in row `row` of its sampled
+    ids, until those reach the host (async scheduling): the next step reads it on the device."""
+    return -1 - row
+
+
+def placeholder_row(token_id):
+    """The sampled-ids row a placeholder stands for (works on numpy arrays too)."""
+    return -1 - token_id
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"      # queued, or preempted (its KV was dropped and is recomputed)
     RUNNING = "running"

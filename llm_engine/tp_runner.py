@@ -48,13 +48,14 @@ class TensorParallelRunner(ModelRunner):
         return [proc.pid for proc in self.workers.procs]
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+    def execute(self, batch: ScheduledBatch, sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
         if not batch.seqs:
             return super().execute(batch)
         host, layout = self.prepare_step(batch, graphs=True)  # a bad step raises here, before any rank sees it
         with self._on_every_rank():
             self.tp.send_command("step", **asdict(layout))
-            return self.run_step(self.tp.broadcast(self.upload_step(host, layout)), layout)
+            # Placeholders are filled on rank 0's device before the broadcast (stream-ordered with NCCL).
+            return self.run_step(self.tp.broadcast(self.upload_step(host, layout, sampled_ids)), layout)
 
     @torch.inference_mode()
     def warmup(self) -> None:

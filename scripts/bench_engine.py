@@ -7,6 +7,11 @@ prompts, 128 output tokens; d = FP8 KV against bf16 KV on b and c.
 
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a,b --num-requests 1000
 
+The engine runs with async scheduling (its default); --compare-sync adds a row per workload with
+it off, in the same run:
+
+    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf --compare-sync
+
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
     python scripts/bench_engine.py --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
@@ -89,14 +94,15 @@ def measure_bandwidth() -> float:
     return 2 * n * 4 / float(np.median(times))
 
 
-def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int) -> Row:
+def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int,
+               async_scheduling: bool = True) -> Row:
     """Peak memory is rank 0's GPU (each rank holds its shard and KV pool)."""
     from llm_engine import LLM, SamplingParams
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     with LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
-             tensor_parallel_size=tp) as llm:
+             tensor_parallel_size=tp, async_scheduling=async_scheduling) as llm:
         prompts = [ids for ids, _ in requests]
         params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
         llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
@@ -107,7 +113,8 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
     n_out = sum(len(o.token_ids) for o in outputs)
     ttft = [o.stats.time_to_first_token for o in outputs]
     itl = [g for o in outputs for g in o.stats.inter_token_latencies]
-    row = Row("engine" if tp == 1 else f"engine TP={tp}", workload, kv_dtype, len(outputs), n_out, seconds,
+    system = ("engine" if tp == 1 else f"engine TP={tp}") + ("" if async_scheduling else " sync-sched")
+    row = Row(system, workload, kv_dtype, len(outputs), n_out, seconds,
               n_out / seconds, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
               torch.cuda.max_memory_allocated() / 1e9)
     del llm, outputs
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure load-to-ready with a cold and a warm Triton kernel cache")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (one process each, from cuda:0) the engine splits the model over")
+    parser.add_argument("--compare-sync", action="store_true",
+                        help="also run each workload with async scheduling off (rows 'engine sync-sched')")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
                         help="append the table here (empty to skip)")
@@ -231,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
         rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size))
         print(rows[-1], flush=True)
+        if args.compare_sync:
+            rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size,
+                                   async_scheduling=False))
+            print(rows[-1], flush=True)
         if not args.no_hf and kv == "auto" and args.tensor_parallel_size == 1:
             subset = requests[:args.hf_requests] if (workload == "b" and args.hf_requests) else requests
             rows.append(run_hf(args.model, workload, subset, args.hf_batch_size))
@@ -247,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"| {r.system} | {r.workload} | {r.kv_dtype} | {r.requests} | {r.output_tokens} | {r.seconds:.1f} | "
              f"{r.tok_s:,.0f} | {fmt(r.ttft_p50_ms)} / {fmt(r.ttft_p99_ms)} | {fmt(r.itl_p50_ms)} / "
              f"{fmt(r.itl_p99_ms)} | {r.peak_mem_gb:.1f} |" for r in rows]
-    engine_a = next((r for r in rows if r.system.startswith("engine") and r.workload == "a"), None)
+    engine_a = [r for r in rows if r.system.startswith("engine") and r.workload == "a"]
     gpus = "" if args.tensor_parallel_size == 1 else f" per GPU, x{args.tensor_parallel_size} GPUs"
     notes = [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s{gpus}; single-stream roofline for (a) "
              f"{roof:.0f} tok/s"]
-    if engine_a:
-        notes.append(f"engine (a) at {100 * engine_a.tok_s / roof:.0f}% of the roofline")
+    for r in engine_a:
+        notes.append(f"{r.system} (a) at {100 * r.tok_s / roof:.0f}% of the roofline")
     startup = measure_startup(args.model, args.max_model_len) if args.startup else None
     if startup:
         notes.append(f"load-to-ready {startup['warm']:.1f} s with a warm kernel cache, {startup['cold']:.1f} s cold; "

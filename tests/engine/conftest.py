@@ -40,7 +40,9 @@ class CountingRunner:
     """A ModelRunner stand-in whose "model" predicts the next byte: (last + 1) mod 256, and eos
     after "z". "a" continues "bcd...", "x" continues "yz" then ends.
 
-    It checks the ScheduledBatch contract on every call and records each batch's shape.
+    It checks the ScheduledBatch contract on every call and records each batch's shape. A
+    sequence's last token may be a placeholder (async scheduling): it reads it from `sampled_ids`,
+    the previous step's sampled ids, as the real runner does on the device.
     """
 
     def __init__(self, num_kv_blocks: int = 64, block_size: int = 4) -> None:
@@ -50,7 +52,9 @@ class CountingRunner:
         self.batches: list[list[tuple[str, int, bool]]] = []
         self.fail_when = None  # callable(batch) -> bool: raise inside execute
 
-    def execute(self, batch):
+    def execute(self, batch, sampled_ids=None):
+        from llm_engine.sequence import placeholder_row
+
         if self.fail_when is not None and self.fail_when(batch):
             raise RuntimeError("injected model failure")
         self.batches.append([(s.request_id, n, smp) for s, n, smp in zip(batch.seqs, batch.num_new_tokens, batch.sample)])
@@ -59,8 +63,11 @@ class CountingRunner:
             end = seq.num_computed_tokens + n
             assert len(seq.block_table) * self.block_size >= end, "block table does not cover the chunk"
             assert sample == (end == len(seq))
+            assert all(t >= 0 for t in seq.token_ids[:-1]), "a placeholder before the last token"
             if sample:
                 last = seq.token_ids[-1]
+                if last < 0:
+                    last = int(sampled_ids[placeholder_row(last)])
                 rows.append(EOS if last == ord("z") else (last + 1) % 256)
         logits = torch.zeros(len(rows), ByteTokenizer.vocab_size)
         logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 20.0
@@ -72,7 +79,7 @@ class CountingRunner:
 
 def fake_config(**overrides):
     values = dict(block_size=4, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=32,
-                  enable_prefix_caching=True, max_waiting=None,
+                  enable_prefix_caching=True, max_waiting=None, async_scheduling=True,
                   model_config=SimpleNamespace(vocab_size=ByteTokenizer.vocab_size))
     values.update(overrides)
     return SimpleNamespace(**values)

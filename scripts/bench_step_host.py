@@ -1,0 +1,137 @@
+"""Host time per engine step, by phase, with async scheduling on and off, in one run.
+
+Decode-heavy steps: --batch requests of a 128-token prompt and --output-tokens greedy tokens
+(ignore_eos), all admitted at once. Each phase is timed by wrapping the engine's methods:
+schedule; account (advance + resolve: placeholders, then the sampled tokens put in place);
+prepare (the packed step inputs); upload (host-to-device copy, placeholders filled); forward
+(run_step); sample; wait (for the sampled ids on the host); emit (detokenize, outputs); other
+(the rest of step()). Each figure is the median over the decode steps (robust to a busy machine).
+
+On the CPU, forward and sample are the computation itself, so the device never overlaps the host;
+what the run shows is the host's own cost per step and, with async scheduling off, the part of it
+that sits between a step's sampled ids and the next launch (account + schedule + prepare +
+upload): on a GPU that part is device idle time, which async scheduling hides while the host's
+total stays below the device's step time. On a GPU, forward and sample are launches and wait is
+the time the host blocks for the device.
+
+    python scripts/bench_step_host.py --model checkpoints/tiny-llama --batch 1,64
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "clients"))
+
+from ragstack.provenance import source_commit  # noqa: E402
+
+PHASES = ["schedule", "account", "prepare", "upload", "forward", "sample", "wait", "emit"]
+
+
+def timed(owner, name: str, phase: str, totals: dict) -> None:
+    """Replace owner.name by a wrapper adding its run time to totals[phase]."""
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[phase] += time.perf_counter() - t0
+    setattr(owner, name, wrapper)
+
+
+def measure(model: str, device: str, batch: int, output_tokens: int, async_scheduling: bool) -> dict:
+    from llm_engine import LLM, SamplingParams
+    from llm_engine.host_copy import HostCopy
+
+    max_len = 128 + output_tokens
+    # Room for every sequence at once (no preemption), a single prefill step.
+    llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=batch, max_num_batched_tokens=max(2048, 128 * batch),
+              cpu_kv_cache_tokens=batch * (max_len + 16), async_scheduling=async_scheduling)
+    engine = llm.engine
+    vocab = engine.vocab_size
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(128)] for _ in range(batch)]
+    params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+
+    totals: dict[str, float] = defaultdict(float)
+    sched, runner = engine.scheduler, engine.model_runner
+    timed(sched, "schedule", "schedule", totals)
+    timed(sched, "advance", "account", totals)
+    timed(sched, "resolve", "account", totals)
+    timed(runner, "prepare_step", "prepare", totals)
+    timed(runner, "upload_step", "upload", totals)
+    timed(runner, "run_step", "forward", totals)
+    timed(engine, "sampler", "sample", totals)
+    timed(engine, "_emit", "emit", totals)
+    timed(HostCopy, "wait", "wait", totals)
+    try:
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"r{i}", ids, params)
+        engine.step()  # the prefill: not a decode step
+        async_before = engine.get_stats().num_async_steps
+        per_step = []
+        while engine.has_unfinished_requests():
+            totals.clear()
+            t0 = time.perf_counter()
+            engine.step()
+            wall = time.perf_counter() - t0
+            per_step.append({"wall": wall, **{p: totals[p] for p in PHASES},
+                             "other": wall - sum(totals[p] for p in PHASES)})
+    finally:
+        HostCopy.wait = HostCopy.wait.__wrapped__
+    ms = {key: 1e3 * statistics.median(step[key] for step in per_step) for key in per_step[0]}
+    return {"mode": "async" if async_scheduling else "sync", "batch": batch, "steps": len(per_step), **ms,
+            "async_steps": engine.get_stats().num_async_steps - async_before}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF model folder (checkpoints/tiny-llama, or a large one)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batch", default="1,64", help="comma-separated numbers of concurrent requests")
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
+                        help="append the table here (empty to skip)")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+
+    rows = [measure(args.model, args.device, int(b), args.output_tokens, a)
+            for b in args.batch.split(",") for a in (False, True)]
+    cols = ["wall", *PHASES, "other"]
+    header = ("| mode | batch | decode steps | async steps | " + " | ".join(f"{c} ms" for c in cols)
+              + " | host between ids and next launch, sync ms |\n|" + "---|" * (len(cols) + 5) + "\n")
+    lines = []
+    for r in rows:
+        gap = f"{r['account'] + r['schedule'] + r['prepare'] + r['upload']:.3f}" if r["mode"] == "sync" else "-"
+        lines.append(f"| {r['mode']} | {r['batch']} | {r['steps']} | {r['async_steps']} | "
+                     + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {gap} |")
+    table = header + "\n".join(lines)
+    print(table)
+    if args.record:
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else \
+            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        with open(args.record, "a") as f:
+            f.write(f"\n## Host time per engine step, async scheduling off / on ({stamp})\n\nMachine: {device}, "
+                    f"{platform.node()}; commit {source_commit()}; model {Path(args.model).name}; command: "
+                    f"`python scripts/bench_step_host.py {' '.join(argv)}`\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
