@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", default="128,1024", help="min,max prompt tokens")
     parser.add_argument("--output-len", default="128,512", help="min,max output tokens")
     parser.add_argument("--engine", default="{}", help="JSON of EngineConfig settings for both systems")
+    parser.add_argument("--backend", default="{}",
+                        help='JSON of triton_llm backend settings for the served llm, e.g. {"engine_process": false} '
+                             "(the engine in a thread of the stub)")
     parser.add_argument("--baseline", choices=["hf"], help="also serve HF generate() in a plain Python model")
     parser.add_argument("--baseline-batch-size", type=int,
                         help="the baseline's max_batch_size: most requests one generate() call takes; default: "
@@ -216,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Tokenizer(args.model)
     requests = make_requests(tokenizer, args.num_requests, [int(x) for x in args.prompt_len.split(",")],
                              [int(x) for x in args.output_len.split(",")])
-    rows = serve(lambda dest: write_repository(dest, args.model, settings), "llm", "triton", requests, levels)
+    served = {**settings, **json.loads(args.backend)}
+    rows = serve(lambda dest: write_repository(dest, args.model, served), "llm", "triton", requests, levels)
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
         except ImportError:
             machine = "CPU"
+        from ragstack.provenance import source_commit
         commit = source_commit()
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:
