@@ -275,7 +275,8 @@ def test_unloading_the_tensor_parallel_model_stops_its_worker(server):
     rank0 = engine_process(server, "llm_tp2_0_0")
     client.unload_model("llm_tp2")
     deadline = time.monotonic() + 60
-    while (client.is_model_ready("llm_tp2") or tensor_parallel_workers(server)) and time.monotonic() < deadline:
+    while (client.is_model_ready("llm_tp2") or tensor_parallel_workers(server) or process_tree.is_alive(rank0)) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
     assert tensor_parallel_workers(server) == [] and not process_tree.is_alive(rank0)
     client.load_model("llm_tp2")  # a fresh stub starts a fresh engine process, which starts a fresh rank 1
