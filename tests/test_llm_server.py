@@ -1,7 +1,8 @@
 """The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
 not, HTTP generate and generate_stream, concurrency, cancellation, bad input, unload and reload,
-metrics (overload: test_load.py; preemption: test_kv_exhaustion.py); and llm_tp2, the same checkpoint over two
-tensor-parallel ranks."""
+metrics (overload: test_load.py; preemption: test_kv_exhaustion.py); the engine process of each llm
+instance; llm_tp2, the same checkpoint over two tensor-parallel ranks, and llm_in_stub, with the engine in
+a thread of the stub (engine_process: false)."""
 from __future__ import annotations
 
 import json
@@ -283,3 +284,19 @@ def test_unloading_the_tensor_parallel_model_stops_its_worker(server):
     assert client.is_model_ready("llm_tp2") and len(tensor_parallel_workers(server)) == 1
     assert generate(server.grpc_url, "back again", model="llm_tp2").finals == 1
     client.close()
+
+
+def test_the_engine_in_the_stub_serves_the_same(server):
+    """llm_in_stub (tests/fixtures): engine_process false, no engine process; the same greedy text, cancellation."""
+    assert process_tree.engine_pids(server.process.pid, "llm_in_stub_0_0") == []
+    c = generate(server.grpc_url, "The capital of France is", model="llm_in_stub")
+    assert not c.errors and c.finals == 1 and c.finish_reasons == ["length"]
+    assert c.text == generate(server.grpc_url, "The capital of France is").text
+    session = StreamSession(server.grpc_url)
+    long = session.send("long", llm_inputs("a long answer", sampling={"temperature": 0.0, "max_tokens": 200,
+                                                                       "ignore_eos": True}), model="llm_in_stub")
+    deadline = time.monotonic() + 60
+    while not long.texts and time.monotonic() < deadline:
+        time.sleep(0.02)
+    session.close(cancel=True)
+    wait_for_metric(server.metrics_url, "triton_llm_kv_cache_blocks_used", "llm_in_stub", lambda v: v == 0)
