@@ -210,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "clients"))
+    import torch
+
     from llm_engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
+    from llm_engine.engine_process import cpu_threads
     from llm_engine.tokenizer import Tokenizer
 
     settings = json.loads(args.engine)
@@ -227,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                       HF_SYSTEM, requests[:args.baseline_requests], levels, batched=True)
 
     async def in_process():
-        engine = AsyncLLMEngine.from_config(EngineConfig(model=args.model, **settings))
+        config = EngineConfig(model=args.model, **settings)
+        threads = cpu_threads(config)
+        if threads is not None:  # on the CPU, as many torch threads as the served engine process uses
+            torch.set_num_threads(threads)
+        engine = AsyncLLMEngine.from_config(config)
         try:
             await run_in_process(engine, requests[:2], 2)  # warm-up, as the server's load does
             for c in levels:
