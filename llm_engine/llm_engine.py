@@ -16,7 +16,6 @@ step waits for the previous one's tokens before it is scheduled.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer
 from llm_engine.model_runner import ModelRunner
 from llm_engine.outputs import EngineStats, RequestOutput, RequestStats
+from llm_engine.processor import EngineRequest, InputProcessor
 from llm_engine.sampler import Sampler, SamplerOutput
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler
@@ -68,6 +68,7 @@ class LLMEngine:
         self.tokenizer = self.model_runner.tokenizer
         self.max_model_len = config.max_model_len
         self.vocab_size = config.model_config.vocab_size  # logits width; ids at or above it are invalid
+        self.processor = InputProcessor(self.tokenizer, self.max_model_len, self.vocab_size)
         eos = list(self.tokenizer.eos_token_ids)
         self.block_manager = BlockManager(self.model_runner.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
@@ -98,31 +99,16 @@ class LLMEngine:
                         prompt_token_ids: list[int] | None = None,
                         arrival_time: float | None = None) -> Request:
         """Validate and tokenize without touching engine state (safe from any thread)."""
-        arrival = time.monotonic() if arrival_time is None else arrival_time
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        params = _resolve_params(sampling_params)
-        text = prompt if isinstance(prompt, str) else None
-        ids = self._prompt_ids(prompt, prompt_token_ids)
+        return self.make_request(self.processor.process(request_id, prompt, sampling_params, prompt_token_ids,
+                                                        arrival_time))
 
-        limit = self.max_model_len
-        n = len(ids)
-        if n >= limit:
-            raise ValueError(f"prompt has {n} tokens; it must be shorter than max_model_len={limit} "
-                             "to leave room for at least one output token")
-        if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=limit - n)
-        elif n + params.max_tokens > limit:
-            raise ValueError(f"max_tokens must be <= {limit - n} (max_model_len={limit} minus {n} "
-                             f"prompt tokens), got {params.max_tokens}")
-        if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
-            raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}, "
-                             f"got {max(params.stop_token_ids)}")
-
-        seq = Sequence(token_ids=list(ids), sampling_params=params, request_id=request_id)
+    def make_request(self, inputs: EngineRequest) -> Request:
+        """The serving state of a request validated already (safe from any thread)."""
+        ids, params = inputs.prompt_token_ids, inputs.sampling_params
+        seq = Sequence(token_ids=list(ids), sampling_params=params, request_id=inputs.request_id)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
-        stats = RequestStats(arrival_time=arrival, num_prompt_tokens=n)
-        return Request(request_id, text, ids, seq, detok, stats)
+        stats = RequestStats(arrival_time=inputs.arrival_time, num_prompt_tokens=len(ids))
+        return Request(inputs.request_id, inputs.prompt, ids, seq, detok, stats)
 
     def enqueue(self, request: Request) -> None:
         if request.request_id in self._requests:
@@ -286,37 +272,3 @@ class LLMEngine:
             num_generation_tokens=self._num_generation_tokens,
             num_async_steps=self._num_async_steps,
         )
-
-    # --- helpers ------------------------------------------------------------------------------
-
-    def _prompt_ids(self, prompt, prompt_token_ids) -> list[int]:
-        if prompt_token_ids is None:
-            if isinstance(prompt, str):
-                if not prompt:
-                    raise ValueError("prompt must not be empty")
-                prompt_token_ids = self.tokenizer.encode(prompt)
-            elif prompt is None:
-                raise ValueError("a prompt (text or token ids) or prompt_token_ids is required")
-            else:
-                prompt_token_ids = prompt
-        if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__len__"):
-            raise ValueError(f"prompt token ids must be a list of ints, got {type(prompt_token_ids).__name__}")
-        ids = list(prompt_token_ids)
-        if not ids:
-            raise ValueError("prompt must not be empty (0 tokens)")
-        if not all(isinstance(t, int) for t in ids):
-            raise ValueError("prompt token ids must all be ints")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), "
-                             f"got min {min(ids)}, max {max(ids)}")
-        return ids
-
-
-def _resolve_params(sampling_params) -> SamplingParams:
-    if sampling_params is None:
-        return SamplingParams()
-    if isinstance(sampling_params, dict):
-        return SamplingParams.from_dict(sampling_params)
-    if isinstance(sampling_params, SamplingParams):
-        return dataclasses.replace(sampling_params)  # own copy, re-validated; max_tokens may be filled in
-    raise ValueError(f"sampling_params must be SamplingParams or a dict, got {type(sampling_params).__name__}")

@@ -5,6 +5,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
+class EngineClosedError(RuntimeError):
+    """The engine is shutting down, or gone, and accepts no new requests."""
+
+
 class RequestFailedError(RuntimeError):
     """A request ended with finish_reason "error" (its batch or its post-processing failed)."""
 

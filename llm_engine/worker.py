@@ -5,28 +5,19 @@ process group, builds a ModelRunner over its shard of the model and of the KV po
 warm-up included, runs as on rank 0), then runs what rank 0 broadcasts until told to stop.
 
 stdin stays open as long as rank 0 lives: end of file means rank 0 is gone, and the worker exits
-at once, even in the middle of a collective. An error ends the process with its traceback on
-stderr, which rank 0 relays and quotes (worker_group.py).
+at once, even in the middle of a collective (child_process.py). An error ends the process with its
+traceback on stderr, which rank 0 relays and quotes (worker_group.py).
 """
 from __future__ import annotations
 
 import os
-import pickle
-import signal
-import sys
-import threading
 
 import torch
 import torch.distributed as dist
 
+from llm_engine.child_process import read_start_message
 from llm_engine.distributed import destroy_group, init_group, rank_device
 from llm_engine.model_runner import ModelRunner, StepLayout
-
-
-def _exit_with_parent() -> None:
-    while os.read(sys.stdin.fileno(), 4096):  # the raw fd: a buffered read would block interpreter exit
-        pass
-    os._exit(1)
 
 
 def serve(runner: ModelRunner) -> None:
@@ -46,9 +37,7 @@ def serve(runner: ModelRunner) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when the workers stop
-    start = pickle.load(sys.stdin.buffer)
-    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
+    start = read_start_message()
     config, rank, size = start["config"], start["rank"], start["size"]
     device = rank_device(config.torch_device, rank)
     config.device = str(device)

@@ -1,26 +1,22 @@
 """Rank 0's handle on its tensor-parallel workers: start them, notice when one fails, stop them.
 
-Each worker is a `python -m llm_engine.worker` child. Its stdin carries the start message and then
-stays open: rank 0's death closes it and the worker exits (no orphans, even after SIGKILL). Its
-stderr is relayed, line by line with a rank prefix, to rank 0's stderr, and the last lines are kept
-for the error rank 0 raises when the worker fails.
+Each worker is a `python -m llm_engine.worker` child (child_process.py): its stdin carries the start
+message and then stays open, so rank 0's death closes it and the worker exits (no orphans, even
+after SIGKILL); its stderr is relayed with a `[tp rank r]` prefix to rank 0's stderr, and the last
+lines are kept for the error rank 0 raises when the worker fails.
 """
 from __future__ import annotations
 
-import collections
-import pickle
 import subprocess
-import sys
-import threading
 import time
 
 import torch.distributed as dist
 
+from llm_engine.child_process import ChildProcess
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import TensorParallelGroup, destroy_group, init_group, rank_device
 
 HOST = "127.0.0.1"      # every rank runs on this host
-TAIL_LINES = 40         # of a failed worker's output, quoted in the error
 EXIT_GRACE_S = 1.0      # for a failing worker to finish exiting once rank 0 saw its step fail
 STOP_TIMEOUT_S = 10.0
 
@@ -39,9 +35,7 @@ class WorkerGroup:
         device = config.torch_device
         rank_device(device, size - 1)  # enough GPUs, checked before anything starts
         self.store = dist.TCPStore(HOST, 0, size, is_master=True, wait_for_workers=False)
-        self.procs: list[subprocess.Popen] = []
-        self.tails: list[collections.deque] = []
-        self._relays: list[threading.Thread] = []
+        self.workers: list[ChildProcess] = []
         self._stopped = False
         try:
             for rank in range(1, size):
@@ -52,19 +46,13 @@ class WorkerGroup:
             self.kill()
             raise
 
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        return [worker.proc for worker in self.workers]
+
     def _start(self, config: EngineConfig, rank: int, size: int) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "llm_engine.worker"],
-                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.procs.append(proc)
-        tail = collections.deque(maxlen=TAIL_LINES)
-        self.tails.append(tail)
-        relay = threading.Thread(target=_relay, args=(proc.stderr, rank, tail), name=f"tp-rank{rank}-stderr",
-                                 daemon=True)
-        relay.start()
-        self._relays.append(relay)
-        pickle.dump({"config": config, "rank": rank, "size": size, "host": HOST, "port": self.store.port},
-                    proc.stdin)
-        proc.stdin.flush()
+        start = {"config": config, "rank": rank, "size": size, "host": HOST, "port": self.store.port}
+        self.workers.append(ChildProcess("llm_engine.worker", start, f"tp rank {rank}"))
 
     def _wait_until_started(self, size: int) -> None:
         """Every worker imported the engine and reached the rendezvous (a failure so far would
@@ -76,21 +64,18 @@ class WorkerGroup:
             time.sleep(0.05)
 
     def any_exited(self) -> bool:
-        return any(proc.poll() is not None for proc in self.procs)
+        return any(worker.exited() for worker in self.workers)
 
     def failure(self, reason: str) -> WorkerError | None:
         """After a failure: stop every worker and return the error naming those that exited on
         their own, with their last output (None if none did)."""
         deadline = time.monotonic() + EXIT_GRACE_S
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        codes = [proc.poll() for proc in self.procs]
+        for worker in self.workers:
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        exited = [(rank, worker) for rank, worker in enumerate(self.workers, 1) if worker.exited()]
         self.kill()
-        failed = [f"rank {rank} exited with code {code}; its last output:\n{''.join(tail) or '(none)'}"
-                  for rank, (code, tail) in enumerate(zip(codes, self.tails), 1) if code is not None]
+        failed = [f"rank {rank} exited with code {worker.returncode}; its last output:\n{worker.last_output()}"
+                  for rank, worker in exited]
         return WorkerError("\n".join([reason, *failed])) if failed else None
 
     def stop(self) -> None:
@@ -102,11 +87,8 @@ class WorkerGroup:
         except RuntimeError:  # a worker is gone: nothing to wait for, the rest are killed below
             pass
         else:
-            for proc in self.procs:
-                try:
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    pass
+            for worker in self.workers:
+                worker.wait(timeout=STOP_TIMEOUT_S)
         self.kill()
 
     def kill(self) -> None:
@@ -114,20 +96,8 @@ class WorkerGroup:
         if self._stopped:
             return
         self._stopped = True
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            proc.stdin.close()
-        for relay in self._relays:
-            relay.join(timeout=5)
+        for worker in self.workers:
+            worker.kill()
         destroy_group()
         self.store = None
 
-
-def _relay(stream, rank: int, tail: collections.deque) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
-        tail.append(line)
-        sys.stderr.write(f"[tp rank {rank}] {line}")
-    stream.close()

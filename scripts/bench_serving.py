@@ -208,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", default="128,1024", help="min,max prompt tokens")
     parser.add_argument("--output-len", default="128,512", help="min,max output tokens")
     parser.add_argument("--engine", default="{}", help="JSON of EngineConfig settings for both systems")
+    parser.add_argument("--backend", default="{}",
+                        help='JSON of triton_llm backend settings for the served llm, e.g. {"engine_process": false} '
+                             "(the engine in a thread of the stub)")
     parser.add_argument("--baseline", choices=["hf"], help="also serve HF generate() in a plain Python model")
     parser.add_argument("--baseline-batch-size", type=int,
                         help="the baseline's max_batch_size: most requests one generate() call takes; default: "
@@ -220,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "clients"))
+    import torch
+
     from llm_engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
+    from llm_engine.engine_process import cpu_threads
     from llm_engine.tokenizer import Tokenizer
     from ragstack.provenance import source_commit
 
@@ -233,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Tokenizer(args.model)
     requests = make_requests(tokenizer, max(counts), [int(x) for x in args.prompt_len.split(",")],
                              [int(x) for x in args.output_len.split(",")])
-    rows = serve(lambda dest: write_repository(dest, args.model, settings), "llm", "triton", requests, levels,
+    served = {**settings, **json.loads(args.backend)}
+    rows = serve(lambda dest: write_repository(dest, args.model, served), "llm", "triton", requests, levels,
                  counts)
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
@@ -242,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                       batched=True)
 
     async def in_process():
-        engine = AsyncLLMEngine.from_config(EngineConfig(model=args.model, **settings))
+        config = EngineConfig(model=args.model, **settings)
+        threads = cpu_threads(config)
+        if threads is not None:  # on the CPU, as many torch threads as the served engine process uses
+            torch.set_num_threads(threads)
+        engine = AsyncLLMEngine.from_config(config)
         try:
             await run_in_process(engine, requests[:2], 2)  # warm-up, as the server's load does
             for c, n in zip(levels, counts):
@@ -270,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
         except ImportError:
             machine = "CPU"
+        from ragstack.provenance import source_commit
         commit = source_commit()
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.record, "a") as f:

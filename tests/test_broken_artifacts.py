@@ -10,6 +10,7 @@ although every loaded model serves, until that model loads; an unload does not c
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -42,6 +43,9 @@ def build_broken_models(repo):
     truncated = copy_config(repo, "retriever", "truncated_index", ["manifest.json", "passages.jsonl"])
     truncated.joinpath("index.faiss").write_bytes((PROJECT / "retriever" / "1" / "index.faiss").read_bytes()[:200])
     copy_config(repo, "llm", "missing_checkpoint")  # its `model` parameter names 1/tiny-qwen2, not copied
+    # The engine process fails to start (its KV pool cannot be allocated): the load quotes its traceback.
+    copy_config(repo, "llm", "engine_fails").joinpath("engine.json").write_text(json.dumps(
+        {"model": str(PROJECT / "llm" / "1" / "tiny-qwen2"), "device": "cpu", "num_kv_blocks": 10**9}))
     (repo / "bad_config" / "1").mkdir(parents=True)
     (repo / "bad_config" / "config.pbtxt").write_text(
         'name: "bad_config"\nbackend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] ]\n')
@@ -54,6 +58,8 @@ BROKEN = [
     ("missing_index", [r"index\.faiss is missing from .*missing_index/1", "ragstack index build"]),
     ("truncated_index", [r"index\.faiss in .*truncated_index/1 cannot be read \(.*read error", "ragstack index build"]),
     ("missing_checkpoint", [r"model folder '.*missing_checkpoint/1/tiny-qwen2' does not exist"]),
+    ("engine_fails", [r"the engine process exited with code 1 while starting; its last output:",
+                      r"Traceback", r"num_kv_blocks 1000000000 x block_size 16 exceeds \d+ cache slots"]),
     ("bad_config", ["failed to load 'bad_config', failed to poll from model repository"]),
 ]
 

@@ -1,4 +1,4 @@
-"""The KV cache exhausted by long prompts (llm_small_kv: 384 cached tokens, 12 requests of ~120
+"""The KV cache exhausted by long prompts (llm_small_kv: 384 cached tokens, 12 requests of 138
 prompt and 64 output tokens at once): sequences are preempted and recomputed, every request still
 completes, with the same greedy text as when it runs alone, and no block stays in use."""
 from __future__ import annotations
@@ -14,7 +14,9 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True, "max_tokens": TOKENS}
 
 
 def prompt(i: int) -> str:
-    return f"request {i}: " + "word " * 40   # about 125 tokens: three fill the pool
+    # 138 tokens (18 blocks of 8): two fit in the pool, but not once they have grown to 202 tokens (26 blocks
+    # each), so any two that run together preempt, however the requests' arrivals spread over the steps.
+    return f"request {i}: " + "word " * 44
 
 
 def alone(url: str, i: int) -> str:

@@ -1,20 +1,21 @@
 """The llm model (triton_llm backend over llm_engine) through the real server: gRPC streaming and
 not, HTTP generate and generate_stream, concurrency, cancellation, bad input, unload and reload,
-metrics (overload: test_load.py; preemption: test_kv_exhaustion.py); and llm_tp2, the same checkpoint over two
-tensor-parallel ranks."""
+metrics (overload: test_load.py; preemption: test_kv_exhaustion.py); the engine process of each llm
+instance; llm_tp2, the same checkpoint over two tensor-parallel ranks, and llm_in_stub, with the engine in
+a thread of the stub (engine_process: false)."""
 from __future__ import annotations
 
 import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import tritonclient.grpc as grpcclient
 
 from llm_streams import StreamSession, llm_inputs
+from ragstack import process_tree
+from server_helpers import http_post
 from server_metrics import metric_value, wait_for_metric
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
@@ -28,16 +29,6 @@ def generate(url: str, prompt: str, sampling=GREEDY, stream=True, model="llm", *
     finally:
         session.close()
     return c
-
-
-def http_post(url: str, path: str, body: dict) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def sse_events(body: str) -> list[dict]:
@@ -142,6 +133,9 @@ def test_cancellation_mid_stream_frees_blocks(server):
     while len(c.texts) < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(c.texts) >= 3
+    # The gauges move while it runs (the engine process's stats reach the metrics thread).
+    wait_for_metric(server.metrics_url, "triton_llm_num_requests_running", "llm", lambda v: v == 1)
+    wait_for_metric(server.metrics_url, "triton_llm_kv_cache_blocks_used", "llm", lambda v: v > 0)
     session.close(cancel=True)
     # The sequence is aborted in the engine: no request runs, every KV block is free again.
     for gauge in ("triton_llm_kv_cache_blocks_used", "triton_llm_num_requests_running"):
@@ -208,8 +202,15 @@ def test_metrics_move(server):
     metric_value(server.metrics_url, "triton_llm_num_requests_waiting")
 
 
+def engine_process(server, instance: str = "llm_0_0") -> int:
+    """The pid of the model instance's engine process (a child of its stub)."""
+    [pid] = process_tree.engine_pids(server.process.pid, instance)
+    return pid
+
+
 def test_unload_and_reload_during_and_after_traffic(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
+    old_engine = engine_process(server)
     session = StreamSession(server.grpc_url)
     cs = [session.send(f"u{i}", llm_inputs("unload me", sampling={"temperature": 0.0, "max_tokens": 30,
                                                                    "ignore_eos": True})) for i in range(4)]
@@ -223,12 +224,14 @@ def test_unload_and_reload_during_and_after_traffic(server):
         assert c.finals == 1
         assert c.finish_reasons == ["length"] or c.errors
     deadline = time.monotonic() + 60
-    while client.is_model_ready("llm") and time.monotonic() < deadline:
+    while (client.is_model_ready("llm") or process_tree.is_alive(old_engine)) and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert not process_tree.is_alive(old_engine)  # unloading stopped the engine process
     for _ in range(2):
         client.load_model("llm")
         assert client.is_model_ready("llm")
         assert generate(server.grpc_url, "back again").finals == 1
+    assert engine_process(server) != old_engine
     client.close()
 
 
@@ -250,7 +253,7 @@ def processes() -> dict[int, tuple[int, bytes]]:
 
 
 def tensor_parallel_workers(server) -> list[int]:
-    """Pids of the llm_engine.worker processes under the server (children of its model stubs)."""
+    """Pids of the llm_engine.worker processes under the server (children of the models' engine processes)."""
     table = processes()
     below, frontier = set(), {server.process.pid}
     while frontier:
@@ -269,13 +272,31 @@ def test_tensor_parallel_model_generates_what_one_rank_does(server):
 
 def test_unloading_the_tensor_parallel_model_stops_its_worker(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    assert len(tensor_parallel_workers(server)) == 1  # rank 1; rank 0 is the model's stub
+    assert len(tensor_parallel_workers(server)) == 1  # rank 1; rank 0 is the model's engine process
+    rank0 = engine_process(server, "llm_tp2_0_0")
     client.unload_model("llm_tp2")
     deadline = time.monotonic() + 60
-    while (client.is_model_ready("llm_tp2") or tensor_parallel_workers(server)) and time.monotonic() < deadline:
+    while (client.is_model_ready("llm_tp2") or tensor_parallel_workers(server) or process_tree.is_alive(rank0)) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert tensor_parallel_workers(server) == []
-    client.load_model("llm_tp2")  # a fresh stub starts a fresh rank 1
+    assert tensor_parallel_workers(server) == [] and not process_tree.is_alive(rank0)
+    client.load_model("llm_tp2")  # a fresh stub starts a fresh engine process, which starts a fresh rank 1
     assert client.is_model_ready("llm_tp2") and len(tensor_parallel_workers(server)) == 1
     assert generate(server.grpc_url, "back again", model="llm_tp2").finals == 1
     client.close()
+
+
+def test_the_engine_in_the_stub_serves_the_same(server):
+    """llm_in_stub (tests/fixtures): engine_process false, no engine process; the same greedy text, cancellation."""
+    assert process_tree.engine_pids(server.process.pid, "llm_in_stub_0_0") == []
+    c = generate(server.grpc_url, "The capital of France is", model="llm_in_stub")
+    assert not c.errors and c.finals == 1 and c.finish_reasons == ["length"]
+    assert c.text == generate(server.grpc_url, "The capital of France is").text
+    session = StreamSession(server.grpc_url)
+    long = session.send("long", llm_inputs("a long answer", sampling={"temperature": 0.0, "max_tokens": 200,
+                                                                       "ignore_eos": True}), model="llm_in_stub")
+    deadline = time.monotonic() + 60
+    while not long.texts and time.monotonic() < deadline:
+        time.sleep(0.02)
+    session.close(cancel=True)
+    wait_for_metric(server.metrics_url, "triton_llm_kv_cache_blocks_used", "llm_in_stub", lambda v: v == 0)

@@ -5,7 +5,10 @@ once with INTERNAL "Stub process '<instance>' is not healthy."; the stub is not 
 for decoupled nor for plain Python models); a decoupled request in flight when the stub died never
 gets its FINAL response, so only the client's deadline ends it; a plain `load` of the model is a
 no-op (its files did not change), unload + load starts a new stub. The server and the other models
-are unaffected.
+are unaffected. The llm's engine process, a child of the stub, exits with it.
+
+The engine process SIGKILLed instead (the llm's stub lives on): every open stream ends with an error
+flagged FINAL, later requests are refused with UNAVAILABLE naming the cause, until unload + load.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from ragstack import load_gen, process_tree
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
-from server_helpers import FIXTURE_REPOSITORY, free_server_options
+from server_helpers import FIXTURE_REPOSITORY, free_server_options, http_post
 
 pytestmark = pytest.mark.server
 LONG = 480  # tokens: the stream is still running when the stub is killed
@@ -44,20 +47,31 @@ def admin(server):
     client.close()
 
 
+def wait_gone(pid: int, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while process_tree.is_alive(pid):
+        assert time.monotonic() < deadline, f"{what} {pid} still runs"
+        time.sleep(0.05)
+
+
 def kill_stub(server, instance: str) -> int:
     [pid] = process_tree.stub_pids(server.process.pid, instance)
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while process_tree.is_alive(pid):
-        assert time.monotonic() < deadline, f"stub {pid} survived SIGKILL"
-        time.sleep(0.05)
+    wait_gone(pid, "stub (SIGKILLed)")
     return pid
 
 
-async def kill_llm_stub_mid_stream(server, model: str, tensors: dict, count: int,
-                                   timeout_s: float) -> tuple[int, list]:
-    """Sends `count` long requests and SIGKILLs the llm's stub once each of them has streamed text;
-    returns the old stub's pid and the requests' outcomes."""
+def kill_engine(server) -> int:
+    [pid] = process_tree.engine_pids(server.process.pid, "llm_0_0")
+    os.kill(pid, signal.SIGKILL)
+    wait_gone(pid, "engine process (SIGKILLed)")
+    return pid
+
+
+async def kill_llm_stub_mid_stream(server, model: str, tensors: dict, count: int, timeout_s: float,
+                                   kill=lambda server: kill_stub(server, "llm_0_0")) -> tuple[int, list]:
+    """Sends `count` long requests and SIGKILLs the llm's stub (or what `kill` kills) once each of them
+    has streamed text; returns the killed pid and the requests' outcomes."""
     started: set[int] = set()
     streaming = asyncio.Event()
 
@@ -69,7 +83,7 @@ async def kill_llm_stub_mid_stream(server, model: str, tensors: dict, count: int
     in_flight = asyncio.ensure_future(load_gen.run_many(server.grpc_url, model, [tensors] * count, timeout_s,
                                                         on_response=on_response))
     await asyncio.wait_for(streaming.wait(), 60)
-    pid = kill_stub(server, "llm_0_0")
+    pid = kill(server)
     return pid, (await in_flight)[0]
 
 
@@ -93,7 +107,9 @@ def llm_once(server, max_tokens: int, timeout_s: float) -> load_gen.Outcome:
 
 
 def test_killed_llm_stub_fails_fast_and_an_unload_load_brings_it_back(server, admin):
+    [engine] = process_tree.engine_pids(server.process.pid, "llm_0_0")
     old, [in_flight] = asyncio.run(kill_llm_stub_mid_stream(server, "llm", load_gen.llm_tensors("a long one", LONG), 1, 6))
+    wait_gone(engine, "engine process of the killed stub")  # no orphan: it saw its stdin close
     # Triton 2.51 sends no FINAL for a request of a dead decoupled stub: the client's deadline ends it.
     assert in_flight.status == load_gen.HUNG and in_flight.responses > 0
     assert admin.is_server_live() and admin.is_model_ready("llm")  # still READY: Triton does not notice
@@ -135,3 +151,23 @@ def test_killed_python_model_stub_errors_until_reloaded(server, admin):
         echo(admin)
     reload(admin, "echo")
     np.testing.assert_array_equal(echo(admin), [[1.0, 2.0]])
+
+
+def test_killed_engine_process_ends_every_stream_then_refuses_until_reloaded(server, admin):
+    stub = process_tree.stub_pids(server.process.pid, "llm_0_0")
+    start = time.monotonic()
+    _, outcomes = asyncio.run(kill_llm_stub_mid_stream(server, "llm", load_gen.llm_tensors("a long one", LONG), 3, 30,
+                                                       kill=kill_engine))
+    for outcome in outcomes:  # a FINAL with the error, at once: nothing waits for the deadline
+        assert outcome.status == load_gen.ERROR and "engine process" in outcome.error, outcome
+        assert "was killed by SIGKILL" in outcome.error, outcome
+    assert time.monotonic() - start < 20
+    assert process_tree.stub_pids(server.process.pid, "llm_0_0") == stub  # the stub lives on
+    # Refused at once (UNAVAILABLE: an EngineClosedError; Triton 2.51's generate endpoint answers 400 for any
+    # error response, and a gRPC stream drops the code, so only the message is visible here).
+    status, body = http_post(server.http_url, "/v2/models/llm/generate", {"text_input": "after the kill"})
+    assert status == 400 and "was killed by SIGKILL; unload and load the model" in body, (status, body)
+
+    reload(admin, "llm")
+    assert llm_once(server, 4, 30).status == load_gen.OK
+    assert len(process_tree.engine_pids(server.process.pid, "llm_0_0")) == 1

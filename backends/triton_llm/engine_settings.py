@@ -12,9 +12,11 @@ from typing import Any
 from llm_engine.config import EngineConfig
 
 # Parameters of the backend itself, not of the engine.
-BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", "max_prompt_bytes"}
+BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", "max_prompt_bytes", "engine_process"}
 # max_prompt_bytes: text_input / messages larger than this are refused before tokenization.
-BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0, "max_prompt_bytes": 1 << 20}
+# engine_process: the engine runs in a child process of the stub (true) or in a thread of the stub (false).
+BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0, "max_prompt_bytes": 1 << 20,
+                    "engine_process": True}
 
 
 def _convert(name: str, raw: Any, annotation: Any) -> Any:
@@ -62,4 +64,8 @@ def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, 
     backend["shutdown_timeout_s"] = float(backend["shutdown_timeout_s"])
     backend["metrics_interval_s"] = float(backend["metrics_interval_s"])
     backend["max_prompt_bytes"] = int(backend["max_prompt_bytes"])
+    engine_process = _convert("engine_process", backend["engine_process"], bool)  # empty: the default
+    if engine_process is not None and not isinstance(engine_process, bool):
+        raise ValueError(f"parameter 'engine_process' = {engine_process!r} is not a valid bool")
+    backend["engine_process"] = BACKEND_DEFAULTS["engine_process"] if engine_process is None else engine_process
     return EngineConfig(**kwargs), backend

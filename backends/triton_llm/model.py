@@ -1,8 +1,9 @@
 """triton_llm: the llm_engine as a decoupled Triton model.
 
-execute() only validates and hands each request to an asyncio loop thread; the engine's own
-thread runs the continuous batch, so execute() never waits for a generation. Each request ends
-with exactly one response flagged FINAL: its last text, an error, or CANCELLED.
+execute() only validates and hands each request to an asyncio loop thread; the engine's step
+loop runs the continuous batch in a child process (engine_process, the default) or in a thread of
+this stub, so execute() never waits for a generation. Each request ends with exactly one response
+flagged FINAL: its last text, an error, or CANCELLED.
 """
 from __future__ import annotations
 
@@ -53,24 +54,27 @@ class TritonPythonModel:
         if args.get("model_instance_kind") == "GPU" and config.device in ("auto", "cuda"):
             config.device = f"cuda:{args['model_instance_device_id']}"
 
-        from llm_engine.async_engine import AsyncLLMEngine, EngineClosedError
-        from llm_engine.llm_engine import LLMEngine
+        from llm_engine.outputs import EngineClosedError
         from llm_engine.scheduler import EngineOverloadedError
 
-        self._unavailable_errors = (EngineOverloadedError, EngineClosedError)
-        engine = LLMEngine(config)
-        try:
-            _warm_up(engine)  # every kernel variant compiled before the model reports ready
-        except BaseException:
-            engine.close()  # tensor-parallel workers too
-            raise
-        self.engine = AsyncLLMEngine(engine)
-        self.tokenizer = engine.tokenizer
+        self._unavailable_errors = (EngineOverloadedError, EngineClosedError)  # EngineDeadError included
+        if self.backend_settings["engine_process"]:
+            from llm_engine.engine_client import EngineProcessClient
+            # A child process owns the engine and its step loop, away from this process's GIL (each
+            # response sent holds it for an IPC round trip); it warms up before this returns.
+            self.engine = EngineProcessClient(config)
+            where = f"in process {self.engine.pid}"
+        else:
+            from llm_engine.async_engine import AsyncLLMEngine
+            from llm_engine.engine_loop import start_engine
+            self.engine = AsyncLLMEngine(start_engine(config))  # warmed up before the model reports ready
+            where = "in the stub"
+        self.tokenizer = self.engine.tokenizer
         self.metrics = None
         try:
             from llm_metrics import LLMMetrics
             self.metrics = LLMMetrics({"model": args["model_name"], "version": args["model_version"]},
-                                      engine.get_stats, self.backend_settings["metrics_interval_s"])
+                                      self.engine.get_stats, self.backend_settings["metrics_interval_s"])
         except pb_utils.TritonModelException as exc:  # the server runs with metrics off
             pb_utils.Logger.log_info(f"triton_llm: metrics disabled ({exc})")
         self._tasks: set[asyncio.Future] = set()
@@ -79,8 +83,8 @@ class TritonPythonModel:
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="triton_llm-responses",
                                              daemon=True)
         self._loop_thread.start()
-        pb_utils.Logger.log_info(f"triton_llm: {config.model} ready on {config.device}, "
-                                 f"{engine.get_stats().kv_blocks_total} KV blocks")
+        pb_utils.Logger.log_info(f"triton_llm: {config.model} ready on {config.device} ({where}), "
+                                 f"{self.engine.get_stats().kv_blocks_total} KV blocks")
 
     def execute(self, requests):
         for request in requests:
@@ -145,6 +149,12 @@ class TritonPythonModel:
                 if req.stream and out.delta_text:
                     sender.send(self._response(req, out, out.delta_text, len(out.token_ids) - sent_tokens))
                     sent_tokens = len(out.token_ids)
+        except self._unavailable_errors as exc:  # the engine process died, or the queue filled up after all
+            sender.send(_error(str(exc), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+            return
+        except ValueError as exc:  # refused by the engine (e.g. more KV blocks than the pool holds)
+            sender.send(_error(str(exc), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+            return
         except Exception as exc:  # noqa: BLE001 - RequestFailedError or an engine failure
             sender.send(_error(str(exc), pb_utils.TritonError.INTERNAL), flags=FINAL)
             return
@@ -222,13 +232,3 @@ def _input(request, name: str):
 def _error(message: str, code) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
-
-def _warm_up(engine) -> None:
-    """Prefill, decode and sampling once, so no client request pays compilation time."""
-    runner = engine.model_runner
-    if hasattr(runner, "warmup"):
-        runner.warmup()
-    engine.add_request("warmup", prompt_token_ids=[1, 2, 3, 4],
-                       sampling_params={"temperature": 0.0, "max_tokens": 4, "ignore_eos": True})
-    while engine.has_unfinished_requests():
-        engine.step()

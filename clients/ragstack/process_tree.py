@@ -1,4 +1,5 @@
-"""A server's process tree: tritonserver and its Python backend stubs (one per model instance).
+"""A server's process tree: tritonserver, its Python backend stubs (one per model instance) and
+their children (the llm's engine process, its tensor-parallel workers).
 
 Read with psutil where it is installed, else from /proc (Linux). The memory of the tree is the
 sum of each process's resident set: the stubs' shared-memory regions are counted in the server
@@ -72,6 +73,20 @@ def stub_pids(server_pid: int, instance: str) -> list[int]:
     names the instance."""
     return [p for p in descendants(server_pid)
             if instance in cmdline(p) and any(a.endswith("triton_python_backend_stub") for a in cmdline(p))]
+
+
+def module_pids(root_pid: int, module: str) -> list[int]:
+    """The live descendants of `root_pid` that run `python -m <module>`."""
+    return [p for p in descendants(root_pid) if _runs_module(cmdline(p), module) and is_alive(p)]
+
+
+def engine_pids(server_pid: int, instance: str) -> list[int]:
+    """The engine process (`llm_engine.engine_process`) of one llm model instance, e.g. `llm_0_0`."""
+    return [p for stub in stub_pids(server_pid, instance) for p in module_pids(stub, "llm_engine.engine_process")]
+
+
+def _runs_module(args: list[str], module: str) -> bool:
+    return any(a == "-m" and b == module for a, b in zip(args, args[1:]))
 
 
 def is_alive(pid: int) -> bool:

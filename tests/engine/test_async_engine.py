@@ -55,6 +55,8 @@ def test_streams_deltas_that_add_up_to_the_text(make_async):
 
 def test_abort_mid_stream_ends_with_abort_and_frees_blocks(make_async):
     engine = make_async()
+    # 2 ms steps, so the request is still generating when the abort arrives, on a busy machine too.
+    engine.engine.model_runner.fail_when = lambda batch: time.sleep(0.002)
 
     async def main():
         stream = engine.add_request("r", "a", params(max_tokens=100, ignore_eos=True))
