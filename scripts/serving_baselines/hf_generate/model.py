@@ -22,10 +22,11 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-# The 2.51 stub needs numpy < 2, and an image's scikit-learn (SciPy) built for numpy 2 fails to
-# import under it; transformers' generation imports scikit-learn only for assisted decoding, so
-# it is hidden here (find_spec then reports it missing) rather than breaking generate().
-sys.modules.setdefault("sklearn", None)
+# The 2.51 stub needs numpy < 2, and an image's SciPy and scikit-learn built for numpy 2 fail to
+# import under it. transformers imports them only for features generate() does not use (assisted
+# decoding, object-detection losses), so they are hidden here (find_spec then reports them missing).
+for _numpy2_only in ("scipy", "sklearn"):
+    sys.modules.setdefault(_numpy2_only, None)
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 
