@@ -22,14 +22,12 @@ import argparse
 import gc
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients"))
 
-from ragstack.provenance import source_commit  # noqa: E402
+from ragstack.provenance import append_record  # noqa: E402
 
 
 @dataclass
@@ -279,12 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "bandwidth": bandwidth,
                                          "roofline_a": roof, "startup": startup, "gpu": gpu}, indent=1))
     if args.record:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(args.record, "a") as f:
-            f.write(f"\n## Engine in-process vs HF generate ({stamp})\n\nMachine: {gpu}, {platform.node()}; "
-                    f"commit {source_commit()}; model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L "
-                    f"random bf16; command: `python scripts/bench_engine.py {' '.join(argv)}`\n\n"
-                    f"{table}\n\n{'; '.join(notes)}.\n")
+        append_record(args.record, "Engine in-process vs HF generate", gpu, "bench_engine.py", argv,
+                      f"{table}\n\n{'; '.join(notes)}.",
+                      details=f"model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L random bf16")
     return 0
 
 

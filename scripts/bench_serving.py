@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     from llm_engine.config import EngineConfig
     from llm_engine.engine_process import cpu_threads
     from llm_engine.tokenizer import Tokenizer
-    from ragstack.provenance import source_commit
+    from ragstack.provenance import append_record
 
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -276,19 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.record:
-        try:
-            import torch
-            machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
-        except ImportError:
-            machine = "CPU"
-        from ragstack.provenance import source_commit
-        commit = source_commit()
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(args.record, "a") as f:
-            title = "LLM through Triton vs in-process" + (" and HF generate() through Triton" if args.baseline else "")
-            f.write(f"\n## {title} ({stamp})\n\nMachine: {machine}, {platform.node()}; "
-                    f"commit {commit}; command: `python scripts/bench_serving.py {' '.join(argv)}`\n\n"
-                    f"{text}\n\n{'; '.join(ratios)}.\n")
+        machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
+        title = "LLM through Triton vs in-process" + (" and HF generate() through Triton" if args.baseline else "")
+        append_record(args.record, title, machine, "bench_serving.py", argv, f"{text}\n\n{'; '.join(ratios)}.")
     return 0
 
 

@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients"))
 
-from ragstack.provenance import source_commit  # noqa: E402
+from ragstack.provenance import append_record  # noqa: E402
 
 PHASES = ["schedule", "account", "prepare", "upload", "forward", "sample", "wait", "emit"]
 
@@ -125,11 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else \
             f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(args.record, "a") as f:
-            f.write(f"\n## Host time per engine step, async scheduling off / on ({stamp})\n\nMachine: {device}, "
-                    f"{platform.node()}; commit {source_commit()}; model {Path(args.model).name}; command: "
-                    f"`python scripts/bench_step_host.py {' '.join(argv)}`\n\n{table}\n")
+        append_record(args.record, "Host time per engine step, async scheduling off / on", device,
+                      "bench_step_host.py", argv, table, details=f"model {Path(args.model).name}")
     return 0
 
 
