@@ -33,8 +33,7 @@ def _select(name: str) -> Callable:
 
 
 rms_norm = _select("rms_norm")
-apply_rotary = _select("apply_rotary")
 silu_and_mul = _select("silu_and_mul")
-write_kv_cache = _select("write_kv_cache")
+rotary_and_write_kv = _select("rotary_and_write_kv")
 paged_decode_attention = _select("paged_decode_attention")
 paged_prefill_attention = _select("paged_prefill_attention")

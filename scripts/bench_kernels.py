@@ -9,7 +9,7 @@ kernel must move. --sweep overrides launch configs through override_launch_param
 
 Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
 bf16 KV decode at 32k (>= 1.6x); causal prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA
-flash on the same q/k/v alongside); write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul.
+flash on the same q/k/v alongside); rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul.
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
 
     python scripts/bench_kernels.py --json /tmp/kernels.json --record docs/benchmarks.md
@@ -43,6 +43,7 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from llm_engine import kernels as K  # noqa: E402
 from llm_engine.kernels.decode_attention import _choose_num_splits  # noqa: E402
 from llm_engine.kernels.launch_config import launch_params, override_launch_params  # noqa: E402
+from llm_engine.layers.rotary_embedding import compute_cos_sin_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients"))
@@ -194,10 +195,13 @@ def prefill_benches(s: Sizes, seqs, seq_len, gen, tune: bool) -> list[Bench]:
     ]
 
 
-def write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
-    case = f"write_kv_cache {'fp8' if cache_dtype == FP8 else 'bf16'}"
+def rotary_write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
+    case = f"rotary + write_kv_cache {'fp8' if cache_dtype == FP8 else 'bf16'}"
     n = s.tokens
+    q = randn(gen, n, s.q_heads, s.head_dim)
     k, v = (randn(gen, n, s.kv_heads, s.head_dim) for _ in range(2))
+    positions = torch.arange(n, device=gen.device)
+    table = compute_cos_sin_cache(s.head_dim, n, 500000.0, None).to(gen.device)
     used = triton.cdiv(n, s.block_size)
     blocks = torch.randperm(2 * used, generator=gen, device=gen.device)[:used]  # a cache half in use
     slots = (blocks[:, None] * s.block_size + torch.arange(s.block_size, device=gen.device)).flatten()[:n]
@@ -206,23 +210,25 @@ def write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
     if cache_dtype == FP8:
         (caches[0], scales[0]), (caches[1], scales[1]) = (K.quantize_fp8_cache_ref(c) for c in caches)
     expected = [None if t is None else t.clone() for t in (*caches, *scales)]
-    K.write_kv_cache_ref(k, v, *expected[:2], slots, *expected[2:])
+    q_ref = K.rotary_and_write_kv_ref(q, k, v, positions, table, *expected[:2], slots, *expected[2:])
 
-    def check(_):
+    def check(q_out):
+        expect_close(case, q_out, q_ref)
         if cache_dtype != FP8:
             for cache, ref in zip(caches, expected):
-                expect_close(case, cache, ref, atol=0, rtol=0)
+                expect_close(case, cache, ref)
             return
         for cache, scale, ref, ref_scale in zip(caches, scales, expected[:2], expected[2:]):
-            expect_close(case, scale, ref_scale, atol=0, rtol=1e-6)
+            expect_close(case, scale, ref_scale, atol=0, rtol=2**-7)
             # Within one e4m3 step plus a subnormal step, as tests/engine/test_kernels_paged.py.
             expect_close(case, K.dequantize_fp8_cache_ref(cache, scale), K.dequantize_fp8_cache_ref(ref, ref_scale),
                          atol=float(ref_scale.max()) * 2**-9, rtol=2**-3)
 
     written = n * s.kv_heads * (s.head_dim * caches[0].element_size() + (4 if cache_dtype == FP8 else 0))
-    return Bench(case, f"T={n} {s.kv_heads}x{s.head_dim} block={s.block_size}", "write_kv_cache",
-                 call=lambda: K.write_kv_cache(k, v, *caches, slots, *scales), check=check,
-                 bytes=k.nbytes + v.nbytes + 2 * written + slots.nbytes,
+    return Bench(case, f"T={n} q {s.q_heads}x{s.head_dim} kv {s.kv_heads}x{s.head_dim} block={s.block_size}",
+                 "rotary_and_write_kv",
+                 call=lambda: K.rotary_and_write_kv(q, k, v, positions, table, *caches, slots, *scales), check=check,
+                 bytes=2 * q.nbytes + k.nbytes + v.nbytes + 2 * written + slots.nbytes + positions.nbytes,
                  candidates=[({"num_warps": w}, {}) for w in (1, 2, 4, 8)])
 
 
@@ -265,7 +271,7 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
                                decode_bench(DECODE_LONG[1], s, *s.decode_long, FP8, gen)],
         "prefill_8k": lambda: prefill_benches(s, *s.prefill_long, gen, tune=True),
         "prefill_4x2k": lambda: prefill_benches(s, *s.prefill_batch, gen, tune=False),
-        "write_kv": lambda: [write_kv_bench(s, BF16, gen), write_kv_bench(s, FP8, gen)],
+        "rotary_write_kv": lambda: [rotary_write_kv_bench(s, BF16, gen), rotary_write_kv_bench(s, FP8, gen)],
         "rms_norm": lambda: [rms_norm_bench(s, gen)],
         "silu": lambda: [silu_bench(s, gen)],
     }
@@ -373,7 +379,7 @@ def fmt_row(r: Row) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: "
-                        "decode, decode_32k, prefill_8k, prefill_4x2k, write_kv, rms_norm, silu")
+                        "decode, decode_32k, prefill_8k, prefill_4x2k, rotary_write_kv, rms_norm, silu")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")

@@ -9,17 +9,16 @@ from llm_engine.kernels.kv_cache import (
     gather_kv_ref,
     quantize_fp8_cache_ref,
     quantize_fp8_ref,
-    write_kv_cache,
     write_kv_cache_ref,
 )
 from llm_engine.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from llm_engine.kernels.rms_norm import rms_norm, rms_norm_ref
-from llm_engine.kernels.rotary import apply_rotary, apply_rotary_ref
+from llm_engine.kernels.rotary import apply_rotary_ref
+from llm_engine.kernels.rotary_kv_cache import rotary_and_write_kv, rotary_and_write_kv_ref
 
 __all__ = [
     "FP8_E4M3_MAX",
     "FP8_SCALE_MIN",
-    "apply_rotary",
     "apply_rotary_ref",
     "dequantize_fp8_cache_ref",
     "dequantize_fp8_ref",
@@ -32,8 +31,9 @@ __all__ = [
     "quantize_fp8_ref",
     "rms_norm",
     "rms_norm_ref",
+    "rotary_and_write_kv",
+    "rotary_and_write_kv_ref",
     "silu_and_mul",
     "silu_and_mul_ref",
-    "write_kv_cache",
     "write_kv_cache_ref",
 ]

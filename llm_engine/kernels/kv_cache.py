@@ -1,4 +1,5 @@
-"""Paged KV cache: writing new tokens (with fused FP8 quantization) and the reference reader.
+"""Paged KV cache: the reference writer and reader, FP8 quantization, and the per-token store that
+the fused rotary + KV-cache-write kernel (rotary_kv_cache.py) uses.
 
 Layout per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim];
 token slot = block_id * block_size + offset. FP8 (e4m3fn) caches carry float32 scales
@@ -14,11 +15,9 @@ from llm_engine.kernels._validate import (
     expect_dtype,
     expect_kv_scales,
     expect_last_dim_contiguous,
-    expect_launchable,
     expect_ndim,
     expect_shape,
 )
-from llm_engine.kernels.launch_config import launch_params
 
 FP8_E4M3_MAX = 448.0
 # Keeps the scale of an all-zero head finite (x / scale stays 0 instead of NaN).
@@ -60,7 +59,7 @@ def write_kv_cache_ref(
     v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write k, v [T, Hkv, D] into the caches at slot_mapping [T] (slot < 0: skip), in place."""
-    _check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     for new, cache, scale in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
@@ -120,79 +119,30 @@ def _round_to_e4m3(y):
 
 
 @triton.jit
-def _write_kv_cache_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head,
-    num_kv_heads,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_HEADS: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    IS_FP8: tl.constexpr,
-):
-    token = tl.program_id(0)
-    slot = tl.load(slot_ptr + token)
-    if slot >= 0:
-        heads = tl.arange(0, BLOCK_HEADS)
-        dims = tl.arange(0, HEAD_DIM)
-        head_mask = heads < num_kv_heads
-        mask = head_mask[:, None]
-        k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
-        v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
-        k_dst = k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head + dims[None, :]
-        v_dst = v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head + dims[None, :]
-        if IS_FP8:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-            # Correctly rounded divisions, so the bytes match quantize_fp8_ref exactly.
-            k_scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(k), axis=1), 448.0), 1e-12)
-            v_scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=1), 448.0), 1e-12)
-            k_q = _round_to_e4m3(tl.clamp(tl.math.div_rn(k, k_scale[:, None]), -448.0, 448.0))
-            v_q = _round_to_e4m3(tl.clamp(tl.math.div_rn(v, v_scale[:, None]), -448.0, 448.0))
-            tl.store(k_dst, k_q.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_dst, v_q.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            # Scales are contiguous [num_blocks, num_kv_heads, PAGE_SIZE].
-            scale_offsets = ((slot // PAGE_SIZE) * num_kv_heads + heads) * PAGE_SIZE + slot % PAGE_SIZE
-            tl.store(k_scale_ptr + scale_offsets, k_scale, mask=head_mask)
-            tl.store(v_scale_ptr + scale_offsets, v_scale, mask=head_mask)
-        else:
-            tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_head, num_kv_heads,
+                      HALF_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                      IS_FP8: tl.constexpr):
+    """One token's kv heads, float32 halves [BLOCK_HEADS, HALF_DIM] of the head dim, into its cache
+    slot: cast to the cache dtype, or for FP8 quantized per head (scale = amax / 448) with the
+    scale stored in the [block, kv head, offset] layout."""
+    heads = tl.arange(0, BLOCK_HEADS)
+    dims = tl.arange(0, HALF_DIM)[None, :]
+    head_mask = heads < num_kv_heads
+    mask = head_mask[:, None]
+    dst = cache_ptr + slot * stride_slot + heads[:, None] * stride_head + dims
+    if IS_FP8:
+        amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
+        # Correctly rounded divisions, so the bytes match quantize_fp8_ref exactly.
+        scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-12)
+        x1 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x1, scale[:, None]), -448.0, 448.0))
+        x2 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x2, scale[:, None]), -448.0, 448.0))
+        tl.store(scale_ptr + ((slot // PAGE_SIZE) * num_kv_heads + heads) * PAGE_SIZE + slot % PAGE_SIZE, scale,
+                 mask=head_mask)
+    tl.store(dst, x1.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF_DIM, x2.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
-def write_kv_cache(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
-    """Write k, v [T, Hkv, D] into the caches at slot_mapping [T] (slot < 0: skip), in place."""
-    _check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    expect_launchable("k", k, "write_kv_cache_ref")
-    num_tokens, num_kv_heads, head_dim = k.shape
-    if num_tokens == 0:
-        return
-    is_fp8 = k_cache.dtype == torch.float8_e4m3fn
-    params = launch_params("write_kv_cache", k.device)
-    _write_kv_cache_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache,
-        k_scale if is_fp8 else k_cache, v_scale if is_fp8 else v_cache,
-        slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
-        num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_HEADS=triton.next_power_of_2(num_kv_heads),
-        PAGE_SIZE=k_cache.shape[1],
-        IS_FP8=is_fp8,
-        num_warps=params["num_warps"],
-    )
-
-
-def _check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
+def check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
     expect_ndim("k", k, 3, "[num_tokens, num_kv_heads, head_dim]")
     expect_shape("v", v, k.shape)
     expect_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")

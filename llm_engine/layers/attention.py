@@ -1,4 +1,5 @@
-"""Paged attention of one layer: write the step's K/V into the cache, then attend over the cache."""
+"""Paged attention of one layer: rotate the step's q and k, write K/V into the cache (one kernel),
+then attend over the cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,6 +8,7 @@ import torch
 from torch import nn
 
 from llm_engine import ops
+from llm_engine.layers.rotary_embedding import RotaryEmbedding
 
 
 @dataclass
@@ -29,8 +31,10 @@ class AttentionMetadata:
 class Attention(nn.Module):
     """Holds this layer's slice of the KV pool; the model runner binds it with `bind_kv_cache`."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
+        self.rotary_emb = rotary_emb
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -42,9 +46,12 @@ class Attention(nn.Module):
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
         self.k_cache, self.v_cache, self.k_scale, self.v_scale = k_cache, v_cache, k_scale, v_scale
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] (the step's new tokens) -> [T, Hq * D]."""
-        ops.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] (the step's new tokens, before rotary) at positions [T]
+        -> [T, Hq * D]."""
+        q = ops.rotary_and_write_kv(q, k, v, positions, self.rotary_emb.cos_sin_cache, self.k_cache, self.v_cache,
+                                    meta.slot_mapping, self.k_scale, self.v_scale)
         if meta.cu_seqlens_q is None:
             out = self._decode(q, meta.block_tables, meta.context_lens)
         else:

@@ -1,4 +1,5 @@
-"""Rotary position embedding: the per-position cos/sin table, built once, and its application.
+"""Rotary position embedding: the per-position cos/sin table, built once (the attention layers'
+fused rotary + KV-write kernel applies it).
 
 Frequencies follow transformers' rope init functions (default, linear, llama3) op for op, so the
 table matches HF's cos/sin bit for bit in float32.
@@ -11,7 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from llm_engine import ops
 
 
 def compute_inv_freq(head_dim: int, base: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -50,14 +50,10 @@ def compute_cos_sin_cache(head_dim: int, max_position: int, base: float,
 
 
 class RotaryEmbedding(nn.Module):
-    """One per model, shared by its attention layers (the table depends on positions only)."""
+    """The table, one per model, shared by its attention layers (it depends on positions only)."""
 
     def __init__(self, head_dim: int, max_position: int, base: float,
                  rope_scaling: dict[str, Any] | None) -> None:
         super().__init__()
         cache = compute_cos_sin_cache(head_dim, max_position, base, rope_scaling)
         self.register_buffer("cos_sin_cache", cache.to(torch.get_default_device()), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, Hq, D], k [T, Hkv, D] -> rotated (new tensors)."""
-        return ops.apply_rotary(q, k, positions, self.cos_sin_cache)

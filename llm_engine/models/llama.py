@@ -35,8 +35,7 @@ class LlamaAttention(nn.Module):
                                              {"q": self.q_size, "k": self.kv_size, "v": self.kv_size},
                                              bias=config.qkv_bias, tp=tp)
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.o_proj_bias, tp=tp)
-        self.rotary_emb = rotary_emb
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, scale=self.head_dim ** -0.5)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, rotary_emb)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
@@ -45,8 +44,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, meta))
+        return self.o_proj(self.attn(positions, q, k, v, meta))
 
 
 class LlamaDecoderLayer(nn.Module):

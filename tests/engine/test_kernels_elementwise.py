@@ -1,11 +1,11 @@
-"""RMSNorm, rotary embedding and SiLU-and-mul kernels against their torch references."""
+"""RMSNorm and SiLU-and-mul kernels against their torch references, and the rotary reference against
+HF's formula (the fused rotary + KV-write kernel: test_kernels_paged.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from llm_engine.kernels import (
-    apply_rotary,
     apply_rotary_ref,
     rms_norm,
     rms_norm_ref,
@@ -63,23 +63,6 @@ def cos_sin_cache(max_position, head_dim, device):
     return torch.cat((angles.cos(), angles.sin()), dim=-1).to(device)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_tokens", [1, 7])
-@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (4, 1), (2, 2)])
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_apply_rotary_matches_ref(gen, device, dtype, num_tokens, num_q_heads, num_kv_heads, head_dim):
-    q = randn(gen, num_tokens, num_q_heads, head_dim, dtype=dtype, device=device)
-    k = randn(gen, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
-    positions = torch.randint(0, 100, (num_tokens,), generator=gen).to(device)
-    cache = cos_sin_cache(100, head_dim, device)
-    q_before, k_before = q.clone(), k.clone()
-    q_out, k_out = apply_rotary(q, k, positions, cache)
-    q_ref, k_ref = apply_rotary_ref(q, k, positions, cache)
-    assert torch.equal(q, q_before) and torch.equal(k, k_before)
-    assert_close(q_out, q_ref)
-    assert_close(k_out, k_ref)
-
-
 def test_apply_rotary_ref_matches_hf_llama_rotate_half(gen):
     q = torch.randn(4, 2, 8, generator=gen)
     k = torch.randn(4, 1, 8, generator=gen)
@@ -122,9 +105,3 @@ def test_contract_violations_name_the_argument(device):
         rms_norm(x, torch.ones(8, device=device), 1e-6, residual=torch.ones(2, 4, device=device))
     with pytest.raises(ValueError, match="even"):
         silu_and_mul(torch.ones(2, 7, device=device))
-    q, k = torch.ones(2, 4, 8, device=device), torch.ones(2, 2, 8, device=device)
-    positions = torch.zeros(2, dtype=torch.int64, device=device)
-    with pytest.raises(ValueError, match="rotary_dim"):
-        apply_rotary(q, k, positions, torch.ones(4, 4, device=device))
-    with pytest.raises(ValueError, match="positions"):
-        apply_rotary(q, k, positions[:1], torch.ones(4, 8, device=device))

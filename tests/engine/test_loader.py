@@ -142,7 +142,7 @@ def test_sharded_checkpoint_is_read_through_its_index(tiny_checkpoints):
 def test_loads_straight_into_the_target_dtype(tiny_checkpoints):
     model = load_model(EngineConfig(model=str(tiny_checkpoints["tiny-llama"]), device="cpu", dtype="bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert model.model.layers[0].self_attn.rotary_emb.cos_sin_cache.dtype == torch.float32
+    assert model.model.layers[0].self_attn.attn.rotary_emb.cos_sin_cache.dtype == torch.float32
 
 
 def test_missing_weights_file(copy_of):
