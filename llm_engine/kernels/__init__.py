@@ -1,4 +1,5 @@
-"""Triton kernels of the engine's hot paths, each with a pure-torch `<name>_ref` of the same signature."""
+"""Triton kernels of the engine's hot paths, each with a pure-torch `<name>_ref` of the same signature
+(apply_rotary_ref and write_kv_cache_ref are the two halves of rotary_and_write_kv_ref)."""
 from llm_engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from llm_engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from llm_engine.kernels.kv_cache import (
