@@ -128,13 +128,14 @@ def _decode_split_kernel(
             m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask,
                                                 q, IS_FP8, DOT_PRECISION)
 
+        acc = acc / l_i[:, None]
         if num_active == 1:
             out_offsets = seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
-            tl.store(out_ptr + out_offsets, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask)
+            tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=head_mask)
         else:
             rows = (seq * num_q_heads + heads) * num_splits + split
             tl.store(partial_lse_ptr + rows, m_i + tl.log2(l_i), mask=group_rows < GROUP)
-            tl.store(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l_i[:, None], mask=head_mask)
+            tl.store(partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc, mask=head_mask)
             # Every warp's partial is written before the (release) arrival; the last to arrive
             # (acquire) reads the others' partials from L2, past its own L1.
             tl.debug_barrier()
