@@ -12,6 +12,11 @@ it off, in the same run:
 
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf --compare-sync
 
+--engine JSON sets EngineConfig fields; repeated, each workload runs once per setting:
+
+    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads b --no-hf \
+        --engine '{}' --engine '{"max_num_batched_tokens": 8192}'
+
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
     python scripts/bench_engine.py --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
@@ -93,14 +98,15 @@ def measure_bandwidth() -> float:
 
 
 def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int,
-               async_scheduling: bool = True) -> Row:
-    """Peak memory is rank 0's GPU (each rank holds its shard and KV pool)."""
+               async_scheduling: bool = True, overrides: dict | None = None) -> Row:
+    """Peak memory is rank 0's GPU (each rank holds its shard and KV pool). `overrides`: more
+    EngineConfig fields, named in the row's system."""
     from llm_engine import LLM, SamplingParams
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     with LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
-             tensor_parallel_size=tp, async_scheduling=async_scheduling) as llm:
+             tensor_parallel_size=tp, async_scheduling=async_scheduling, **(overrides or {})) as llm:
         prompts = [ids for ids, _ in requests]
         params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
         llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
@@ -112,6 +118,8 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
     ttft = [o.stats.time_to_first_token for o in outputs]
     itl = [g for o in outputs for g in o.stats.inter_token_latencies]
     system = ("engine" if tp == 1 else f"engine TP={tp}") + ("" if async_scheduling else " sync-sched")
+    if overrides:
+        system += " " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     row = Row(system, workload, kv_dtype, len(outputs), n_out, seconds,
               n_out / seconds, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
               torch.cuda.max_memory_allocated() / 1e9)
@@ -219,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="GPUs (one process each, from cuda:0) the engine splits the model over")
     parser.add_argument("--compare-sync", action="store_true",
                         help="also run each workload with async scheduling off (rows 'engine sync-sched')")
+    parser.add_argument("--engine", action="append", type=json.loads, default=None, metavar="JSON",
+                        help="EngineConfig overrides; repeat to run each workload once per setting")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
                         help="append the table here (empty to skip)")
@@ -236,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for workload, kv in runs:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
-        rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size))
-        print(rows[-1], flush=True)
+        for overrides in args.engine or [{}]:
+            rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size,
+                                   overrides=overrides))
+            print(rows[-1], flush=True)
         if args.compare_sync:
             rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size,
                                    async_scheduling=False))
