@@ -52,20 +52,10 @@ def timed(owner, name: str, phase: str, totals: dict) -> None:
     setattr(owner, name, wrapper)
 
 
-def measure(model: str, device: str, batch: int, output_tokens: int, async_scheduling: bool) -> dict:
-    from llm_engine import LLM, SamplingParams
+def instrument(engine) -> dict[str, float]:
+    """Time the engine's step phases (PHASES) into the returned totals, which the caller clears;
+    uninstrument() undoes the one class-level wrapper."""
     from llm_engine.host_copy import HostCopy
-
-    max_len = 128 + output_tokens
-    # Room for every sequence at once (no preemption), a single prefill step.
-    llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=batch, max_num_batched_tokens=max(2048, 128 * batch),
-              cpu_kv_cache_tokens=batch * (max_len + 16), async_scheduling=async_scheduling)
-    engine = llm.engine
-    vocab = engine.vocab_size
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(128)] for _ in range(batch)]
-    params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
 
     totals: dict[str, float] = defaultdict(float)
     sched, runner = engine.scheduler, engine.model_runner
@@ -78,6 +68,30 @@ def measure(model: str, device: str, batch: int, output_tokens: int, async_sched
     timed(engine, "sampler", "sample", totals)
     timed(engine, "_emit", "emit", totals)
     timed(HostCopy, "wait", "wait", totals)
+    return totals
+
+
+def uninstrument() -> None:
+    from llm_engine.host_copy import HostCopy
+
+    HostCopy.wait = HostCopy.wait.__wrapped__
+
+
+def measure(model: str, device: str, batch: int, output_tokens: int, async_scheduling: bool) -> dict:
+    from llm_engine import LLM, SamplingParams
+
+    max_len = 128 + output_tokens
+    # Room for every sequence at once (no preemption), a single prefill step.
+    llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=batch, max_num_batched_tokens=max(2048, 128 * batch),
+              cpu_kv_cache_tokens=batch * (max_len + 16), async_scheduling=async_scheduling)
+    engine = llm.engine
+    vocab = engine.vocab_size
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(128)] for _ in range(batch)]
+    params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+
+    totals = instrument(engine)
     try:
         for i, ids in enumerate(prompts):
             engine.add_request(f"r{i}", ids, params)
@@ -92,7 +106,7 @@ def measure(model: str, device: str, batch: int, output_tokens: int, async_sched
             per_step.append({"wall": wall, **{p: totals[p] for p in PHASES},
                              "other": wall - sum(totals[p] for p in PHASES)})
     finally:
-        HostCopy.wait = HostCopy.wait.__wrapped__
+        uninstrument()
     ms = {key: 1e3 * statistics.median(step[key] for step in per_step) for key in per_step[0]}
     return {"mode": "async" if async_scheduling else "sync", "batch": batch, "steps": len(per_step), **ms,
             "async_steps": engine.get_stats().num_async_steps - async_before}

@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import make_workload  # noqa: E402
+from bench_step_host import PHASES, instrument, uninstrument  # noqa: E402
 
 # Kernel-name fragments of the matrix multiplications (cuBLAS / CUTLASS; nvjet is cuBLAS on Hopper).
 GEMM_NAMES = ("gemm", "nvjet", "cutlass", "xmma", "splitk", "gemv")
@@ -55,6 +56,10 @@ def category(name: str) -> str:
     return name[:60]
 
 
+def cache_itemsize(engine) -> int:
+    return torch.empty(0, dtype=engine.config.kv_cache_torch_dtype).element_size()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -83,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                            sampling_params=SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     shapes, wall = [], {}
+    totals = instrument(engine)
     activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU
     prof = torch.profiler.profile(activities=[activity])
     step = 0
@@ -91,19 +97,24 @@ def main(argv: list[str] | None = None) -> int:
             sync()
             if step == start:
                 wall["unprofiled"] = time.perf_counter() - t0
+                host = {p: totals[p] for p in PHASES}
                 prof.start()
+            totals.clear()
             t0 = time.perf_counter()
         engine.step()
         launched = engine._in_flight.batch if engine._in_flight is not None else None
         if step >= start and launched is not None:
+            decode_context = sum(s.num_computed_tokens + 1 for s, n in zip(launched.seqs, launched.num_new_tokens)
+                                 if n == 1)
             shapes.append((len(launched.seqs), launched.num_tokens,
-                           sum(1 for n in launched.num_new_tokens if n == 1)))
+                           sum(1 for n in launched.num_new_tokens if n == 1), decode_context))
         step += 1
     sync()
     if step < end:
         raise SystemExit(f"the workload ended after {step} steps, before the window {args.steps} did")
     wall["profiled"] = time.perf_counter() - t0
     prof.stop()
+    uninstrument()
     engine.close()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,18 +127,26 @@ def main(argv: list[str] | None = None) -> int:
     for name, _, dur in intervals:
         by_name.setdefault(category(name), []).append(dur)
     rows = sorted(((k, sum(v) / n, len(v) / n) for k, v in by_name.items()), key=lambda r: -r[1])
-    seqs, tokens, decodes = (np.mean(c) for c in zip(*shapes))
+    seqs, tokens, decodes, decode_context = (np.mean(c) for c in zip(*shapes))
+    # KV bytes the decode attention reads per step: every cached token's K and V in every layer.
+    cfg = engine.config.model_config
+    kv_bytes = decode_context * 2 * cfg.num_hidden_layers * cfg.kv_size * cache_itemsize(engine)
+    decode_us = sum(sum(v) for k, v in by_name.items() if "decode" in k) / n
     print(f"workload {args.workload}, engine {overrides}, steps {args.steps}: {seqs:.0f} sequences, "
-          f"{tokens:.0f} tokens ({decodes:.0f} decodes) per step on average")
+          f"{tokens:.0f} tokens ({decodes:.0f} decodes, {decode_context / max(decodes, 1):.0f} context tokens each) "
+          f"per step on average")
     print(f"wall per step: unprofiled {1e3 * wall['unprofiled'] / n:.2f} ms, profiled {1e3 * wall['profiled'] / n:.2f}"
-          f" ms; device busy {busy / 1e3:.2f} ms per step")
+          f" ms; device busy {busy / 1e3:.2f} ms per step; decode attention reads {kv_bytes / 1e9:.2f} GB per step"
+          + (f" ({kv_bytes / decode_us / 1e3:,.0f} GB/s)" if decode_us else ""))
+    print("host per step, unprofiled: " + ", ".join(f"{p} {1e3 * host[p] / n:.2f}" for p in PHASES)
+          + f", other {1e3 * (wall['unprofiled'] - sum(host.values())) / n:.2f} ms")
     print("| kernel | ms per step | launches per step | share of busy |\n|---|---|---|---|")
     for name, us, count in rows[:args.top]:
         print(f"| {name} | {us / 1e3:.3f} | {count:.1f} | {100 * us / busy:.1f}% |")
     if args.json:
         args.json.write_text(json.dumps({"workload": args.workload, "engine": overrides, "steps": args.steps,
                                          "mean_shape": [seqs, tokens, decodes], "wall_s": wall,
-                                         "busy_us_per_step": busy, "kernels": rows}, indent=1))
+                                         "busy_us_per_step": busy, "host_s": host, "kernels": rows}, indent=1))
     return 0
 
 
