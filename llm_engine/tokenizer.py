@@ -8,6 +8,10 @@ from transformers import PreTrainedTokenizerFast
 
 from llm_engine.model_config import read_eos_token_ids
 
+# Text that transformers' clean_up_tokenization changes (" ." -> "."): decoded with and without the
+# wrapper, it shows whether this tokenizer's decode applies that clean-up.
+_CLEANUP_PROBE = "a . b , c ! d ? e n't f 's"
+
 
 class Tokenizer:
     def __init__(self, path: str | Path) -> None:
@@ -21,6 +25,11 @@ class Tokenizer:
         eos = [self.hf_tokenizer.eos_token_id, *read_eos_token_ids(path)]
         # Both count: chat models often end turns with a token other than the tokenizer's eos.
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(e for e in eos if e is not None))
+        # decode() runs for every generated token: the Rust tokenizer directly, without the wrapper's
+        # argument conversion (most of its cost), plus the wrapper's clean-up where it applies one.
+        self._backend = self.hf_tokenizer.backend_tokenizer
+        probe = self.encode(_CLEANUP_PROBE, add_special_tokens=False)
+        self._cleans_up = self.hf_tokenizer.decode(probe) != self._backend.decode(probe, skip_special_tokens=False)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -39,7 +48,9 @@ class Tokenizer:
         return self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.hf_tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        """The same text as the HF tokenizer's decode()."""
+        text = self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return self.hf_tokenizer.clean_up_tokenization(text) if self._cleans_up else text
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                             tokenize: bool = True) -> list[int] | str:

@@ -105,8 +105,10 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    with LLM(model, dtype="bfloat16", kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
-             tensor_parallel_size=tp, async_scheduling=async_scheduling, **(overrides or {})) as llm:
+    settings = {"dtype": "bfloat16", "kv_cache_dtype": kv_dtype, "max_model_len": max_model_len,
+                "tensor_parallel_size": tp, "async_scheduling": async_scheduling, **(overrides or {})}
+    kv_dtype = settings["kv_cache_dtype"]
+    with LLM(model, **settings) as llm:
         prompts = [ids for ids, _ in requests]
         params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
         llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up

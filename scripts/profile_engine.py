@@ -12,7 +12,9 @@ comparison that says whether the device or the host sets the pace.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="{}", help="EngineConfig overrides as JSON")
     parser.add_argument("--max-model-len", type=int, default=17408)
     parser.add_argument("--top", type=int, default=25, help="kernel rows to print")
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N",
+                        help="also run the unprofiled window under cProfile and print its N costliest functions")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args(argv)
     start, end = (int(x) for x in args.steps.split(":"))
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     shapes, wall = [], {}
     totals = instrument(engine)
+    python_prof = cProfile.Profile()
     activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU
     prof = torch.profiler.profile(activities=[activity])
     step = 0
@@ -98,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             if step == start:
                 wall["unprofiled"] = time.perf_counter() - t0
                 host = {p: totals[p] for p in PHASES}
+                if args.cprofile:
+                    python_prof.disable()
                 prof.start()
+            elif args.cprofile:
+                python_prof.enable()
             totals.clear()
             t0 = time.perf_counter()
         engine.step()
@@ -143,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| kernel | ms per step | launches per step | share of busy |\n|---|---|---|---|")
     for name, us, count in rows[:args.top]:
         print(f"| {name} | {us / 1e3:.3f} | {count:.1f} | {100 * us / busy:.1f}% |")
+    if args.cprofile:
+        print(f"\nPython functions over the unprofiled window (cProfile, {n} steps; its overhead slows them):")
+        pstats.Stats(python_prof).sort_stats("tottime").print_stats(args.cprofile)
     if args.json:
         args.json.write_text(json.dumps({"workload": args.workload, "engine": overrides, "steps": args.steps,
                                          "mean_shape": [seqs, tokens, decodes], "wall_s": wall,
