@@ -12,6 +12,7 @@ comparison that says whether the device or the host sets the pace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import pstats
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import make_workload  # noqa: E402
 from bench_step_host import PHASES, instrument, uninstrument  # noqa: E402
+
+from llm_engine.kernels.launch_config import override_launch_params  # noqa: E402
 
 # Kernel-name fragments of the matrix multiplications (cuBLAS / CUTLASS; nvjet is cuBLAS on Hopper).
 GEMM_NAMES = ("gemm", "nvjet", "cutlass", "xmma", "splitk", "gemv")
@@ -58,6 +61,15 @@ def category(name: str) -> str:
     return name[:60]
 
 
+def memory_counters() -> dict[str, int]:
+    """cudaMalloc / cudaFree calls and the retries after freeing the cache (each synchronises the
+    device): a near-full GPU makes the allocator do them during steps."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
+
+
 def cache_itemsize(engine) -> int:
     return torch.empty(0, dtype=engine.config.kv_cache_torch_dtype).element_size()
 
@@ -69,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=1000, help="requests in workload b")
     parser.add_argument("--steps", default="300:340", help="profiled window, START:END engine steps")
     parser.add_argument("--engine", default="{}", help="EngineConfig overrides as JSON")
+    parser.add_argument("--launch", default="{}",
+                        help='launch-config overrides as JSON, {"kernel": {"param": value}} (sweeps without editing '
+                             'launch_configs/)')
     parser.add_argument("--max-model-len", type=int, default=17408)
     parser.add_argument("--top", type=int, default=25, help="kernel rows to print")
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
@@ -79,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < end - start <= start:
         parser.error("--steps needs START >= END - START > 0 (the unprofiled comparison window precedes it)")
 
+    with contextlib.ExitStack() as stack:
+        for kernel, params in json.loads(args.launch).items():
+            stack.enter_context(override_launch_params(kernel, **params))
+        return profile(args, start, end)
+
+
+def profile(args, start: int, end: int) -> int:
     from llm_engine import SamplingParams
     from llm_engine.config import EngineConfig
     from llm_engine.engine_loop import start_engine
@@ -100,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     while engine.has_unfinished_requests() and step < end:
         if step in (2 * start - end, start):
             sync()
+            allocator = memory_counters()
             if step == start:
                 wall["unprofiled"] = time.perf_counter() - t0
                 host = {p: totals[p] for p in PHASES}
@@ -122,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if step < end:
         raise SystemExit(f"the workload ended after {step} steps, before the window {args.steps} did")
     wall["profiled"] = time.perf_counter() - t0
+    allocator = {k: v - allocator[k] for k, v in memory_counters().items()}
     prof.stop()
     uninstrument()
     engine.close()
@@ -141,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = engine.config.model_config
     kv_bytes = decode_context * 2 * cfg.num_hidden_layers * cfg.kv_size * cache_itemsize(engine)
     decode_us = sum(sum(v) for k, v in by_name.items() if "decode" in k) / n
-    print(f"workload {args.workload}, engine {overrides}, steps {args.steps}: {seqs:.0f} sequences, "
+    print(f"workload {args.workload}, engine {overrides}, launch {args.launch}, steps {args.steps}: {seqs:.0f} sequences, "
           f"{tokens:.0f} tokens ({decodes:.0f} decodes, {decode_context / max(decodes, 1):.0f} context tokens each) "
           f"per step on average")
     print(f"wall per step: unprofiled {1e3 * wall['unprofiled'] / n:.2f} ms, profiled {1e3 * wall['profiled'] / n:.2f}"
           f" ms; device busy {busy / 1e3:.2f} ms per step; decode attention reads {kv_bytes / 1e9:.2f} GB per step"
           + (f" ({kv_bytes / decode_us / 1e3:,.0f} GB/s)" if decode_us else ""))
+    print("CUDA caching allocator over the profiled window: " + ", ".join(f"{k} {v}" for k, v in allocator.items()))
     print("host per step, unprofiled: " + ", ".join(f"{p} {1e3 * host[p] / n:.2f}" for p in PHASES)
           + f", other {1e3 * (wall['unprofiled'] - sum(host.values())) / n:.2f} ms")
     print("| kernel | ms per step | launches per step | share of busy |\n|---|---|---|---|")
