@@ -33,6 +33,10 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stop)
+
+    @property
     def text(self) -> str:
         """The output text emitted so far."""
         return self._text[:self._emitted]
@@ -45,6 +49,17 @@ class IncrementalDetokenizer:
         new_text = self._decode_new(final=False)
         if new_text:
             self._append(new_text, check_stop)
+
+    def add_tokens(self, token_ids: list[int]) -> None:
+        """Decode several tokens in one window: the text add_token would give one by one (decode
+        concatenates across the window's boundaries), for a request whose text is only needed at
+        its end. Not with stop strings: those must be checked as each token arrives."""
+        if self._stop:
+            raise ValueError("add_tokens cannot check stop strings; feed the tokens with add_token")
+        self._ids.extend(token_ids)
+        new_text = self._decode_new(final=False)
+        if new_text:
+            self._text += new_text
 
     def emit(self, finished: bool = False) -> str:
         """Text newly safe to show. With `finished`, flush everything held back (pending partial

@@ -60,7 +60,7 @@ class LLM:
                 while len(results) < len(prompts):
                     while pending:
                         try:
-                            engine.add_request(*pending[0])
+                            engine.add_request(*pending[0], final_only=True)
                         except EngineOverloadedError:
                             break
                         pending.popleft()

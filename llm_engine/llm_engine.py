@@ -49,6 +49,10 @@ class Request:
     detokenizer: IncrementalDetokenizer
     stats: RequestStats
     num_sent_tokens: int = 0  # output tokens already reported (for delta_token_ids)
+    # Only the final output is wanted (offline generation): without stop strings to check, the
+    # tokens are detokenized in one window when it ends, and no output is built before.
+    final_only: bool = False
+    num_deferred: int = 0  # the last output tokens not yet detokenized
 
 
 @dataclass(eq=False)
@@ -85,14 +89,17 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int] | None = None,
                     sampling_params: SamplingParams | dict | None = None,
                     prompt_token_ids: list[int] | None = None,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request; it joins the running batch at a coming step.
+                    arrival_time: float | None = None, final_only: bool = False) -> None:
+        """Queue a request; it joins the running batch at a coming step. `final_only`: step()
+        reports it once, when it finishes (as vLLM's FINAL_ONLY output kind), which saves the
+        per-token text and output work that streaming needs.
 
         Raises ValueError for bad input (nothing is queued) and EngineOverloadedError when the
         waiting queue is full.
         """
-        self.enqueue(self.prepare_request(request_id, prompt, sampling_params, prompt_token_ids,
-                                          arrival_time))
+        request = self.prepare_request(request_id, prompt, sampling_params, prompt_token_ids, arrival_time)
+        request.final_only = final_only
+        self.enqueue(request)
 
     def prepare_request(self, request_id: str, prompt: str | list[int] | None = None,
                         sampling_params: SamplingParams | dict | None = None,
@@ -199,21 +206,26 @@ class LLMEngine:
         outputs = []
         for req, sampled_at in done:
             try:
-                self._absorb_token(req, sampled_at)
-                outputs.append(self._output(req))
+                if self._absorb_token(req, sampled_at):
+                    outputs.append(self._output(req))
             except Exception as exc:  # e.g. a detokenizer failure: only this request fails
                 logger.exception("post-processing failed for request %s", req.request_id)
                 outputs.append(self._fail(req.seq, exc))
         return outputs
 
-    def _absorb_token(self, req: Request, sampled_at: float) -> None:
-        """Account and detokenize the request's last sampled token; a stop string ends it."""
+    def _absorb_token(self, req: Request, sampled_at: float) -> bool:
+        """Account and detokenize the request's last sampled token; a stop string ends it.
+        False: nothing to report now (a final-only request's token, detokenized at its end)."""
         seq = req.seq
         params = seq.sampling_params
         stats = req.stats
         stats.token_times.append(sampled_at)
         if stats.first_token_time is None:
             stats.first_token_time = sampled_at
+        if req.final_only and not seq.is_finished and not req.detokenizer.has_stop_strings:
+            req.num_deferred += 1
+            return False
+        self._detokenize_deferred(req, len(seq.token_ids) - 1)
         # An eos / stop token ends the text without being part of it (as vLLM).
         if seq.finish_reason != "stop":
             req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens)
@@ -222,6 +234,14 @@ class LLMEngine:
                     seq.finish_reason = "stop"
                 else:
                     self.scheduler.finish(seq, "stop")
+        return True
+
+    @staticmethod
+    def _detokenize_deferred(req: Request, end: int) -> None:
+        """Detokenize the deferred tokens of a final-only request, those before token_ids[end]."""
+        if req.num_deferred:
+            req.detokenizer.add_tokens(req.seq.token_ids[end - req.num_deferred:end])
+            req.num_deferred = 0
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         self.scheduler.finish(seq, "error")
@@ -229,6 +249,7 @@ class LLMEngine:
 
     def _output(self, req: Request, error: str | None = None) -> RequestOutput:
         seq = req.seq
+        self._detokenize_deferred(req, len(seq.token_ids))  # an abort or failure ends it mid-way
         finished = seq.is_finished
         delta_text = req.detokenizer.emit(finished=finished)
         out_ids = seq.output_token_ids

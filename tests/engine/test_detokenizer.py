@@ -1,6 +1,11 @@
+import random
+
 import pytest
+from conftest import ByteTokenizer
+from tiny_checkpoints import tiny_checkpoints  # noqa: F401
 
 from llm_engine.detokenizer import IncrementalDetokenizer
+from llm_engine.tokenizer import Tokenizer
 
 
 @pytest.fixture
@@ -75,3 +80,32 @@ def test_special_tokens_are_skipped_or_kept(tok):
     assert "".join(deltas) == "hi!"
     deltas, _ = feed(tok, ids, skip_special_tokens=False)
     assert "".join(deltas) == "hi</s>!"
+
+
+@pytest.mark.parametrize("name", ["bytes", "tiny-llama", "tiny-mistral", "tiny-qwen2"])
+def test_add_tokens_gives_the_text_of_add_token_one_by_one(tiny_checkpoints, name):  # noqa: F811
+    """Deferred detokenization (requests reporting only their final output) decodes in one window;
+    "bytes" splits multibyte characters over tokens."""
+    tok = ByteTokenizer() if name == "bytes" else Tokenizer(tiny_checkpoints[name])
+    rng = random.Random(1)
+    for _ in range(100):
+        prompt = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 8))]
+        out = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(0, 40))]
+        for skip in (True, False):
+            one, bulk = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip), \
+                IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+            streamed = ""
+            for t in out:
+                one.add_token(t)
+                streamed += one.emit()
+            streamed += one.emit(finished=True)
+            split = rng.randint(0, len(out))  # a part fed at once, then the rest
+            bulk.add_tokens(out[:split])
+            bulk.add_tokens(out[split:])
+            assert bulk.emit(finished=True) == streamed == one.text
+
+
+def test_add_tokens_refuses_stop_strings():
+    detok = IncrementalDetokenizer(ByteTokenizer(), [], stop=["x"])
+    with pytest.raises(ValueError, match="stop strings"):
+        detok.add_tokens([1, 2])

@@ -112,6 +112,40 @@ def test_duplicate_request_ids_are_rejected(fake_engine):
         engine.add_request("r", "b")
 
 
+FINAL_ONLY_CASES = {  # request id: (prompt, params)
+    "eos": ("x", SamplingParams(max_tokens=8, **GREEDY)),
+    "length": ("ab", SamplingParams(max_tokens=6, ignore_eos=True, **GREEDY)),
+    "multibyte": ("\xc3", SamplingParams(max_tokens=3, ignore_eos=True, **GREEDY)),  # bytes c3 c4 ... split a char
+    "stop_string": ("ab", SamplingParams(max_tokens=9, stop=["ef"], **GREEDY)),
+    "stop_token": ("ab", SamplingParams(max_tokens=9, stop_token_ids=[ord("e")], **GREEDY)),
+}
+
+
+def test_final_only_requests_report_once_with_the_streamed_result(fake_engine):
+    results = {}
+    for final_only in (False, True):
+        engine = fake_engine()
+        for rid, (prompt, params) in FINAL_ONLY_CASES.items():
+            engine.add_request(rid, prompt, params, final_only=final_only)
+        results[final_only] = drain(engine)
+    for rid in FINAL_ONLY_CASES:
+        streamed, once = final(results[False], rid), final(results[True], rid)
+        assert (once.text, once.token_ids, once.finish_reason) == \
+            (streamed.text, streamed.token_ids, streamed.finish_reason), rid
+        # Stop strings are checked per token, so those requests still report every token.
+        assert len(results[True][rid]) == (len(results[False][rid]) if rid == "stop_string" else 1), rid
+        assert once.stats.inter_token_latencies and len(once.stats.token_times) == len(streamed.stats.token_times)
+
+
+def test_an_aborted_final_only_request_reports_the_text_so_far(fake_engine):
+    engine = fake_engine()
+    engine.add_request("r", "ab", SamplingParams(max_tokens=50, ignore_eos=True, **GREEDY), final_only=True)
+    for _ in range(6):
+        assert engine.step() == []
+    out = engine.abort_request("r")
+    assert out.finish_reason == "abort" and out.text == "".join(chr(t) for t in out.token_ids) and out.text
+
+
 def test_max_tokens_none_fills_the_context(fake_engine):
     engine = fake_engine(max_model_len=12)
     engine.add_request("r", "a" * 4, SamplingParams(max_tokens=None, ignore_eos=True, **GREEDY))
