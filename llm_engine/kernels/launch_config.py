@@ -27,17 +27,25 @@ def launch_params(kernel: str, device: torch.device, *dtypes: torch.dtype) -> di
     of dtypes in turn (e.g. the query's, then the KV cache's), then by any override_launch_params
     in force.
 
-    A GPU family's file may leave kernels out; those come from default.json.
+    A GPU family's file may leave kernels out; those come from default.json. The result is
+    shared between calls (every layer's launches ask): read it, do not modify it.
     """
-    section = _config_for(_device_family(device)).get(kernel) or _config_for("default")[kernel]
-    params = dict(section["default"])
-    for dtype in dtypes:
-        params.update(section.get(str(dtype).removeprefix("torch."), {}))
-    override = _overrides.get(kernel, {})
+    params = _configured(kernel, _device_family(device), dtypes)
+    override = _overrides.get(kernel)
+    if not override:
+        return params
     unknown = set(override) - set(params)
     if unknown:
         raise KeyError(f"{kernel} has no launch parameters {sorted(unknown)}; it has {sorted(params)}")
-    params.update(override)
+    return {**params, **override}
+
+
+@functools.cache
+def _configured(kernel: str, family: str, dtypes: tuple[torch.dtype, ...]) -> dict:
+    section = _config_for(family).get(kernel) or _config_for("default")[kernel]
+    params = dict(section["default"])
+    for dtype in dtypes:
+        params.update(section.get(str(dtype).removeprefix("torch."), {}))
     return params
 
 
