@@ -18,8 +18,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"            # auto: the model dtype; fp8_e4m3: e4m3 values + per-(token, head) scales
     block_size: int = 16                    # tokens per KV block
     max_model_len: int | None = None        # prompt + output tokens per sequence; None: the model's limit
-    max_num_seqs: int = 256                 # sequences per step (and the largest CUDA-graph batch)
-    max_num_batched_tokens: int = 2048      # token budget per step (decodes + prefill chunks)
+    max_num_seqs: int | None = None         # sequences per step (and the largest CUDA-graph batch); None: below
+    max_num_batched_tokens: int | None = None  # token budget per step (decodes + prefill chunks); None: below
     gpu_memory_utilization: float = 0.9     # share of total GPU memory the engine may use, KV pool included
     num_kv_blocks: int | None = None        # None: sized from free GPU memory (CUDA) or cpu_kv_cache_tokens (CPU)
     cpu_kv_cache_tokens: int = 16384        # KV pool capacity on CPU, in tokens
@@ -42,6 +42,13 @@ class EngineConfig:
         if self.block_size < 1 or self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}")
         self.max_model_len = self._resolve_max_model_len()
+        on_gpu = _resolve_device(self.device).type == "cuda"
+        # A GPU step costs the host about as much at 8192 tokens as at 2048 (launches, bookkeeping),
+        # so larger steps keep a GPU busy; the CPU computes every token on the host anyway.
+        if self.max_num_seqs is None:
+            self.max_num_seqs = 512 if on_gpu else 256
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 8192 if on_gpu else 2048
         _expect_min("max_num_seqs", self.max_num_seqs, 1)
         _expect_min("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -98,6 +98,16 @@ def test_engine_config_defaults(tiny_checkpoints):
                         kv_cache_dtype="fp8_e4m3").kv_cache_torch_dtype == torch.float8_e4m3fn
 
 
+def test_step_size_defaults_depend_on_the_device(tiny_checkpoints, monkeypatch):
+    folder = str(tiny_checkpoints["tiny-llama"])
+    cpu = EngineConfig(model=folder, device="cpu")
+    assert (cpu.max_num_seqs, cpu.max_num_batched_tokens) == (256, 2048)
+    monkeypatch.setattr("llm_engine.config._resolve_device", lambda device: torch.device("cuda", 0))
+    gpu = EngineConfig(model=folder)
+    assert (gpu.max_num_seqs, gpu.max_num_batched_tokens) == (512, 8192)
+    assert EngineConfig(model=folder, max_num_seqs=64).max_num_seqs == 64
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("dtype", "float64", r"dtype must be one of .*'float64'"),
     ("kv_cache_dtype", "int8", r"kv_cache_dtype must be one of .*'int8'"),
