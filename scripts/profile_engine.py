@@ -6,8 +6,9 @@ device busy time against wall time, and the shape of the steps in the window.
     python scripts/profile_engine.py --model /tmp/l8b --workload a --steps 100:140 \
         --engine '{"max_num_batched_tokens": 8192}'
 
-The same number of steps just before the window runs unprofiled: its wall time per step is the
-comparison that says whether the device or the host sets the pace.
+Requests are added as a streaming server adds them (an output per token). The same number of steps
+just before the window runs unprofiled: its wall time per step is the comparison that says whether
+the device or the host sets the pace.
 """
 from __future__ import annotations
 
@@ -70,10 +71,6 @@ def memory_counters() -> dict[str, int]:
     return {k: stats.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
 
 
-def cache_itemsize(engine) -> int:
-    return torch.empty(0, dtype=engine.config.kv_cache_torch_dtype).element_size()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -134,7 +131,7 @@ def profile(args, start: int, end: int) -> int:
             totals.clear()
             t0 = time.perf_counter()
         engine.step()
-        launched = engine._in_flight.batch if engine._in_flight is not None else None
+        launched = engine._in_flight.batch  # (the step this call launched: async scheduling) if engine._in_flight is not None else None
         if step >= start and launched is not None:
             decode_context = sum(s.num_computed_tokens + 1 for s, n in zip(launched.seqs, launched.num_new_tokens)
                                  if n == 1)
@@ -161,9 +158,11 @@ def profile(args, start: int, end: int) -> int:
         by_name.setdefault(category(name), []).append(dur)
     rows = sorted(((k, sum(v) / n, len(v) / n) for k, v in by_name.items()), key=lambda r: -r[1])
     seqs, tokens, decodes, decode_context = (np.mean(c) for c in zip(*shapes))
-    # KV bytes the decode attention reads per step: every cached token's K and V in every layer.
-    cfg = engine.config.model_config
-    kv_bytes = decode_context * 2 * cfg.num_hidden_layers * cfg.kv_size * cache_itemsize(engine)
+    # KV bytes the decode attention reads per step: every cached token's K and V in every layer
+    # (an FP8 cache also its float32 scale per token and head).
+    cfg, kv_dtype = engine.config.model_config, engine.config.kv_cache_torch_dtype
+    per_head = cfg.head_dim * torch.empty(0, dtype=kv_dtype).element_size() + 4 * (kv_dtype == torch.float8_e4m3fn)
+    kv_bytes = decode_context * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * per_head
     decode_us = sum(sum(v) for k, v in by_name.items() if "decode" in k) / n
     print(f"workload {args.workload}, engine {overrides}, launch {args.launch}, steps {args.steps}: {seqs:.0f} sequences, "
           f"{tokens:.0f} tokens ({decodes:.0f} decodes, {decode_context / max(decodes, 1):.0f} context tokens each) "
