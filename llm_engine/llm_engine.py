@@ -52,7 +52,8 @@ class Request:
     # Only the final output is wanted (offline generation): without stop strings to check, the
     # tokens are detokenized in one window when it ends, and no output is built before.
     final_only: bool = False
-    num_deferred: int = 0  # the last output tokens not yet detokenized
+    deferred_from: int = 0  # token_ids[deferred_from:deferred_from + num_deferred]: not yet detokenized
+    num_deferred: int = 0
 
 
 @dataclass(eq=False)
@@ -92,7 +93,8 @@ class LLMEngine:
                     arrival_time: float | None = None, final_only: bool = False) -> None:
         """Queue a request; it joins the running batch at a coming step. `final_only`: step()
         reports it once, when it finishes (as vLLM's FINAL_ONLY output kind), which saves the
-        per-token text and output work that streaming needs.
+        per-token text and output work that streaming needs; with stop strings, which are checked
+        as each token arrives, it is still reported per token.
 
         Raises ValueError for bad input (nothing is queued) and EngineOverloadedError when the
         waiting queue is full.
@@ -223,9 +225,11 @@ class LLMEngine:
         if stats.first_token_time is None:
             stats.first_token_time = sampled_at
         if req.final_only and not seq.is_finished and not req.detokenizer.has_stop_strings:
+            if not req.num_deferred:
+                req.deferred_from = len(seq.token_ids) - 1
             req.num_deferred += 1
             return False
-        self._detokenize_deferred(req, len(seq.token_ids) - 1)
+        self._detokenize_deferred(req)
         # An eos / stop token ends the text without being part of it (as vLLM).
         if seq.finish_reason != "stop":
             req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens)
@@ -237,11 +241,12 @@ class LLMEngine:
         return True
 
     @staticmethod
-    def _detokenize_deferred(req: Request, end: int) -> None:
-        """Detokenize the deferred tokens of a final-only request, those before token_ids[end]."""
+    def _detokenize_deferred(req: Request) -> None:
+        """Detokenize the deferred tokens of a final-only request (by position: a step interrupted
+        between advance and resolve leaves a placeholder after them)."""
         if req.num_deferred:
-            req.detokenizer.add_tokens(req.seq.token_ids[end - req.num_deferred:end])
-            req.num_deferred = 0
+            start, n, req.num_deferred = req.deferred_from, req.num_deferred, 0
+            req.detokenizer.add_tokens(req.seq.token_ids[start:start + n])
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         self.scheduler.finish(seq, "error")
@@ -249,7 +254,7 @@ class LLMEngine:
 
     def _output(self, req: Request, error: str | None = None) -> RequestOutput:
         seq = req.seq
-        self._detokenize_deferred(req, len(seq.token_ids))  # an abort or failure ends it mid-way
+        self._detokenize_deferred(req)  # an abort or failure ends it mid-way
         finished = seq.is_finished
         delta_text = req.detokenizer.emit(finished=finished)
         out_ids = seq.output_token_ids

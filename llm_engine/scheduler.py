@@ -51,11 +51,15 @@ class Scheduler:
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
-        """Finish the request's sequence with "abort" and free its blocks at once."""
+        """Finish the request's sequence with "abort" and free its blocks at once. A step
+        interrupted between advance and resolve (an exception in the host's wait) left a
+        placeholder: that token never comes, so it goes."""
         for queue in (self.running, self.waiting):
             for seq in queue:
                 if seq.request_id == request_id:
                     self.finish(seq, "abort")
+                    if seq.token_ids and seq.token_ids[-1] < 0:
+                        seq.token_ids.pop()
                     return seq
         return None
 

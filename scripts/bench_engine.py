@@ -249,13 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     for workload, kv in runs:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
         for overrides in args.engine or [{}]:
-            rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size,
-                                   overrides=overrides))
-            print(rows[-1], flush=True)
-        if args.compare_sync:
-            rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len, args.tensor_parallel_size,
-                                   async_scheduling=False))
-            print(rows[-1], flush=True)
+            for async_scheduling in (True, False) if args.compare_sync else (True,):
+                rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len,
+                                       args.tensor_parallel_size, async_scheduling, overrides))
+                print(rows[-1], flush=True)
         if not args.no_hf and kv == "auto" and args.tensor_parallel_size == 1:
             subset = requests[:args.hf_requests] if (workload == "b" and args.hf_requests) else requests
             rows.append(run_hf(args.model, workload, subset, args.hf_batch_size))

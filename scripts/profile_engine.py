@@ -131,7 +131,8 @@ def profile(args, start: int, end: int) -> int:
             totals.clear()
             t0 = time.perf_counter()
         engine.step()
-        launched = engine._in_flight.batch  # (the step this call launched: async scheduling) if engine._in_flight is not None else None
+        in_flight = engine._in_flight  # the step this call launched (async scheduling)
+        launched = in_flight.batch if in_flight is not None else None if engine._in_flight is not None else None
         if step >= start and launched is not None:
             decode_context = sum(s.num_computed_tokens + 1 for s, n in zip(launched.seqs, launched.num_new_tokens)
                                  if n == 1)
@@ -157,6 +158,8 @@ def profile(args, start: int, end: int) -> int:
     for name, _, dur in intervals:
         by_name.setdefault(category(name), []).append(dur)
     rows = sorted(((k, sum(v) / n, len(v) / n) for k, v in by_name.items()), key=lambda r: -r[1])
+    if not shapes:
+        raise SystemExit(f"no step was launched in the window {args.steps}")
     seqs, tokens, decodes, decode_context = (np.mean(c) for c in zip(*shapes))
     # KV bytes the decode attention reads per step: every cached token's K and V in every layer
     # (an FP8 cache also its float32 scale per token and head).

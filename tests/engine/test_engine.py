@@ -146,6 +146,21 @@ def test_an_aborted_final_only_request_reports_the_text_so_far(fake_engine):
     assert out.finish_reason == "abort" and out.text == "".join(chr(t) for t in out.token_ids) and out.text
 
 
+@pytest.mark.parametrize("final_only", [False, True])
+def test_an_abort_after_an_interrupted_step_drops_its_placeholder(fake_engine, final_only):
+    """LLM.generate aborts its requests when the host's wait is interrupted (Ctrl-C): the step in
+    flight was advanced (a placeholder token) but never resolved."""
+    engine = fake_engine()
+    engine.add_request("r", "ab", SamplingParams(max_tokens=50, ignore_eos=True, **GREEDY), final_only=final_only)
+    for _ in range(6):
+        engine.step()
+    engine.scheduler.advance(engine._in_flight.batch)  # what step() does before it waits
+    out = engine.abort_request("r")
+    assert out.finish_reason == "abort" and min(out.token_ids) >= 0
+    assert out.text == "".join(chr(t) for t in out.token_ids) == "cdefghijkl"[:len(out.token_ids)] and out.text
+    assert not engine.has_unfinished_requests()
+
+
 def test_max_tokens_none_fills_the_context(fake_engine):
     engine = fake_engine(max_model_len=12)
     engine.add_request("r", "a" * 4, SamplingParams(max_tokens=None, ignore_eos=True, **GREEDY))
