@@ -1,8 +1,21 @@
-"""The KV tile load that the decode and prefill attention kernels share."""
+"""What the decode and prefill attention kernels share: the query's dot dtype, the KV tile load, the
+online-softmax step."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def dot_operand(q, UPCAST_DOT: tl.constexpr, FP8_AS_FP16: tl.constexpr):
+    """The query in the dtype its dots run in."""
+    # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+    elif FP8_AS_FP16:
+        # e4m3 -> fp16 is one instruction, -> bf16 goes through fp32: FP8 KV computes in fp16.
+        q = q.to(tl.float16)
+    return q
 
 
 @triton.jit

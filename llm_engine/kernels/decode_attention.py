@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_engine.kernels._paged_kv import load_kv_tile, online_softmax_step
+from llm_engine.kernels._paged_kv import dot_operand, load_kv_tile, online_softmax_step
 from llm_engine.kernels._validate import (
     expect_launchable,
     expect_paged_attention_args,
@@ -104,12 +104,7 @@ def _decode_split_kernel(
         dims = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=head_mask,
                     other=0.0)
-        # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
-        if UPCAST_DOT:
-            q = q.to(tl.float32)
-        elif FP8_AS_FP16:
-            # e4m3 -> fp16 is one instruction, -> bf16 goes through fp32: FP8 KV computes in fp16.
-            q = q.to(tl.float16)
+        q = dot_operand(q, UPCAST_DOT, FP8_AS_FP16)
 
         m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)

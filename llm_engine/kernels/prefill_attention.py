@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._attention_ref import attend_paged_ref
-from llm_engine.kernels._paged_kv import load_kv_tile, online_softmax_step
+from llm_engine.kernels._paged_kv import dot_operand, load_kv_tile, online_softmax_step
 from llm_engine.kernels._validate import (
     expect_dtype,
     expect_launchable,
@@ -94,12 +94,7 @@ def _prefill_kernel(
         dims = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + (q_begin + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
                     mask=row_mask, other=0.0)
-        # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
-        if UPCAST_DOT:
-            q = q.to(tl.float32)
-        elif FP8_AS_FP16:
-            # e4m3 -> fp16 is one instruction, -> bf16 goes through fp32: FP8 KV computes in fp16.
-            q = q.to(tl.float16)
+        q = dot_operand(q, UPCAST_DOT, FP8_AS_FP16)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
