@@ -11,6 +11,8 @@ traceback on stderr, which rank 0 relays and quotes (worker_group.py).
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -52,4 +54,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        # os._exit, not a normal exit: the process group's C++ threads can make interpreter
+        # teardown abort (SIGABRT), and rank 0 reports the exit code it sees.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
