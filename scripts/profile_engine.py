@@ -6,7 +6,8 @@ device busy time against wall time, and the shape of the steps in the window.
     python scripts/profile_engine.py --model /tmp/l8b --workload a --steps 100:140 \
         --engine '{"max_num_batched_tokens": 8192}'
 
-Requests are added as a streaming server adds them (an output per token). The same number of steps
+Requests are added as a streaming server adds them (an output per token), or with --final-only as
+LLM.generate and bench_engine add them (one output at the end). The same number of steps
 just before the window runs unprofiled: its wall time per step is the comparison that says whether
 the device or the host sets the pace.
 """
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch", default="{}",
                         help='launch-config overrides as JSON, {"kernel": {"param": value}} (sweeps without editing '
                              'launch_configs/)')
+    parser.add_argument("--final-only", action="store_true",
+                        help="add the requests as LLM.generate does: no per-token outputs")
     parser.add_argument("--max-model-len", type=int, default=17408)
     parser.add_argument("--top", type=int, default=25, help="kernel rows to print")
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
@@ -108,7 +111,8 @@ def profile(args, start: int, end: int) -> int:
     vocab = engine.vocab_size
     for i, (ids, out) in enumerate(make_workload(args.workload, vocab, args.num_requests)):
         engine.add_request(f"r{i}", prompt_token_ids=ids,
-                           sampling_params=SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
+                           sampling_params=SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True),
+                           final_only=args.final_only)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     shapes, wall = [], {}
     totals = instrument(engine)
@@ -167,7 +171,8 @@ def profile(args, start: int, end: int) -> int:
     per_head = cfg.head_dim * torch.empty(0, dtype=kv_dtype).element_size() + 4 * (kv_dtype == torch.float8_e4m3fn)
     kv_bytes = decode_context * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * per_head
     decode_us = sum(sum(v) for k, v in by_name.items() if "decode" in k) / n
-    print(f"workload {args.workload}, engine {overrides}, launch {args.launch}, steps {args.steps}: {seqs:.0f} sequences, "
+    print(f"workload {args.workload}{' (final-only)' if args.final_only else ''}, engine {overrides}, "
+          f"launch {args.launch}, steps {args.steps}: {seqs:.0f} sequences, "
           f"{tokens:.0f} tokens ({decodes:.0f} decodes, {decode_context / max(decodes, 1):.0f} context tokens each) "
           f"per step on average")
     print(f"wall per step: unprofiled {1e3 * wall['unprofiled'] / n:.2f} ms, profiled {1e3 * wall['profiled'] / n:.2f}"
