@@ -6,11 +6,19 @@ The prefix-offset / read-offset technique (vLLM, TGI) decodes only a short windo
 [prefix_offset, read_offset) already emitted, for context, plus the new ones; the new text is
 what the window decodes to beyond the context. A window ending in an incomplete character
 (U+FFFD) waits for the next token. Each step decodes a few tokens, never the whole output.
+
+A tokenizer whose decode also cleans up the text (`cleans_up`: transformers' " ." -> ".",
+" ' " -> "'", ...) is decoded raw, and the clean-up runs on raw text up to the last character
+that appears in none of its patterns: the clean-up only deletes spaces, so such a character stays
+and no pattern ever spans it, and the text before it cleans up alone. The rest waits.
 """
 from __future__ import annotations
 
 # How many prompt tokens give the first output token its decoding context (as vLLM).
 _INITIAL_CONTEXT = 5
+# What transformers' clean_up_tokenization replaces (each by itself without the leading space).
+_CLEANUP_PATTERNS = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
+_CLEANUP_CHARS = frozenset("".join(_CLEANUP_PATTERNS))
 
 
 class IncrementalDetokenizer:
@@ -28,6 +36,9 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._stop = list(stop)
+        self._cleans_up = tokenizer.cleans_up
+        self._raw_pending = ""  # raw text not yet cleaned up (cleans_up tokenizers)
+        self._check_stop = True  # the last add_token's: the final flush checks stop strings as it did
         self._text = ""       # decoded output text (cut at the stop string once one is found)
         self._emitted = 0     # chars of _text already returned by emit()
         self.stopped = False
@@ -41,12 +52,14 @@ class IncrementalDetokenizer:
         """The output text emitted so far."""
         return self._text[:self._emitted]
 
-    def add_token(self, token_id: int, check_stop: bool = True) -> None:
-        """Decode one more token; `check_stop` False (below min_tokens) ignores stop strings."""
+    def add_token(self, token_id: int, check_stop: bool = True, last: bool = False) -> None:
+        """Decode one more token; `check_stop` False (below min_tokens) ignores stop strings;
+        `last`: the request ends with it, so no text waits for a later token's clean-up."""
         if self.stopped:
             return
+        self._check_stop = check_stop
         self._ids.append(token_id)
-        new_text = self._decode_new(final=False)
+        new_text = self._clean(self._decode_new(final=False), final=last)
         if new_text:
             self._append(new_text, check_stop)
 
@@ -57,17 +70,13 @@ class IncrementalDetokenizer:
         if self._stop:
             raise ValueError("add_tokens cannot check stop strings; feed the tokens with add_token")
         self._ids.extend(token_ids)
-        new_text = self._decode_new(final=False)
-        if new_text:
-            self._text += new_text
+        self._text += self._clean(self._decode_new(final=False), final=False)
 
     def emit(self, finished: bool = False) -> str:
         """Text newly safe to show. With `finished`, flush everything held back (pending partial
         characters included, as U+FFFD) unless the output ended on a stop string."""
         if finished and not self.stopped:
-            rest = self._decode_new(final=True)
-            if rest:
-                self._text += rest
+            self._append(self._clean(self._decode_new(final=True), final=True), self._check_stop)
             end = len(self._text)
         else:
             end = len(self._text) - self._stop_prefix_len()
@@ -88,7 +97,19 @@ class IncrementalDetokenizer:
         return full[len(prefix):]
 
     def _decode(self, ids: list[int]) -> str:
+        if self._cleans_up:
+            return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special, clean_up=False)
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+
+    def _clean(self, raw: str, final: bool) -> str:
+        """The cleaned-up text of the raw text so far that no later token can change (all of
+        it when `final`); the rest waits."""
+        if not self._cleans_up:
+            return raw
+        pending = self._raw_pending + raw
+        cut = len(pending) if final else _clean_cut(pending)
+        self._raw_pending = pending[cut:]
+        return self._tokenizer.clean_up(pending[:cut]) if cut else ""
 
     def _append(self, new_text: str, check_stop: bool) -> None:
         start = len(self._text)
@@ -117,3 +138,12 @@ class IncrementalDetokenizer:
                     longest = k
                     break
         return longest
+
+
+def _clean_cut(text: str) -> int:
+    """Where raw text splits into a head the clean-up can finish alone and a tail that later text
+    may still change: after the last character in no clean-up pattern."""
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] not in _CLEANUP_CHARS:
+            return i + 1
+    return 0

@@ -232,7 +232,8 @@ class LLMEngine:
         self._detokenize_deferred(req)
         # An eos / stop token ends the text without being part of it (as vLLM).
         if seq.finish_reason != "stop":
-            req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens)
+            req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens,
+                                      last=seq.is_finished)
             if req.detokenizer.stopped:
                 if seq.is_finished:  # hit max_tokens on the very token that completed the stop string
                     seq.finish_reason = "stop"

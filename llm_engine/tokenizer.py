@@ -29,7 +29,7 @@ class Tokenizer:
         # argument conversion (most of its cost), plus the wrapper's clean-up where it applies one.
         self._backend = self.hf_tokenizer.backend_tokenizer
         probe = self.encode(_CLEANUP_PROBE, add_special_tokens=False)
-        self._cleans_up = self.hf_tokenizer.decode(probe) != self._backend.decode(probe, skip_special_tokens=False)
+        self.cleans_up = self.hf_tokenizer.decode(probe) != self._backend.decode(probe, skip_special_tokens=False)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -47,10 +47,15 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        """The same text as the HF tokenizer's decode()."""
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, clean_up: bool = True) -> str:
+        """The same text as the HF tokenizer's decode(); `clean_up` False leaves out its clean-up
+        (" ." -> "." and the like, where `cleans_up`), which looks across token boundaries."""
         text = self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
-        return self.hf_tokenizer.clean_up_tokenization(text) if self._cleans_up else text
+        return self.clean_up(text) if clean_up and self.cleans_up else text
+
+    def clean_up(self, text: str) -> str:
+        """The HF tokenizer's clean-up of decoded text."""
+        return self.hf_tokenizer.clean_up_tokenization(text)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                             tokenize: bool = True) -> list[int] | str:

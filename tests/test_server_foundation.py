@@ -1,12 +1,11 @@
 """The real server answers health, repository, load/unload and metrics requests (gRPC and HTTP)."""
 from __future__ import annotations
 
-import urllib.request
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from server_metrics import metric_value, wait_for_metric
 
 
 @pytest.fixture(params=["grpc", "http"])
@@ -54,19 +53,10 @@ def test_unload_load_reload(client):
     np.testing.assert_array_equal(_echo(client, [1.0, 2.0]), [[1.0, 2.0]])
 
 
-def _metric(text: str, name: str, model: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} for model {model} not in metrics")
-
-
 def test_per_model_metrics_after_request(client, triton_server):
-    def read():
-        with urllib.request.urlopen(triton_server.metrics_url, timeout=5) as resp:
-            return resp.read().decode()
-
-    before = _metric(read(), "nv_inference_request_success", "echo")
+    before = metric_value(triton_server.metrics_url, "nv_inference_request_success", "echo")
     _echo(client, [3.0])
-    after = _metric(read(), "nv_inference_request_success", "echo")
-    assert after == before + 1
+    # The server counts a request after sending its response: the count may trail the reply.
+    wait_for_metric(triton_server.metrics_url, "nv_inference_request_success", "echo",
+                    lambda v: v >= before + 1, timeout_s=10)
+    assert metric_value(triton_server.metrics_url, "nv_inference_request_success", "echo") == before + 1

@@ -1,6 +1,7 @@
 """Stand-ins shared by the engine tests: a byte-level tokenizer and a deterministic fake model."""
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ class ByteTokenizer:
 
     eos_token_ids = (EOS,)
     vocab_size = 260
+    cleans_up = False
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -88,6 +90,26 @@ def fake_config(**overrides):
 @pytest.fixture
 def byte_tokenizer():
     return ByteTokenizer()
+
+
+# Words of the clean-up tokenizer: punctuation and contractions that transformers' clean-up joins.
+CLEANUP_WORDS = ["[UNK]", "[SEP]", "a", "b", "c", ".", ",", "!", "?", "'", "n't", "'s", "'ve", "n", "t", "s", "##s"]
+
+
+@pytest.fixture
+def cleanup_tokenizer_dir(tmp_path):
+    """A WordPiece tokenizer folder with clean_up_tokenization_spaces (" ." -> ".", " ' " -> "'")."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    rust = RustTokenizer(models.WordPiece({w: i for i, w in enumerate(CLEANUP_WORDS)}, unk_token="[UNK]"))
+    rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    rust.decoder = decoders.WordPiece()
+    rust.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "sep_token": "[SEP]",
+        "clean_up_tokenization_spaces": True}))
+    return tmp_path
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import random
 
 import pytest
-from conftest import ByteTokenizer
+from conftest import CLEANUP_WORDS, ByteTokenizer
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401
 
 from llm_engine.detokenizer import IncrementalDetokenizer
@@ -109,3 +109,53 @@ def test_add_tokens_refuses_stop_strings():
     detok = IncrementalDetokenizer(ByteTokenizer(), [], stop=["x"])
     with pytest.raises(ValueError, match="stop strings"):
         detok.add_tokens([1, 2])
+
+
+def test_a_clean_up_tokenizer_streams_the_text_of_its_bulk_decode(cleanup_tokenizer_dir):
+    """transformers' clean-up looks across tokens (" ' " -> "'" needs the token after the quote):
+    text streamed token by token, or fed in two parts, is the bulk decode's."""
+    tok = Tokenizer(cleanup_tokenizer_dir)
+    prompt = tok.encode("a", add_special_tokens=False)
+    rng = random.Random(2)
+    for _ in range(500):
+        out = [rng.randrange(2, len(CLEANUP_WORDS)) for _ in range(rng.randint(1, 12))]
+        want = tok.decode(prompt + out)[len(tok.decode(prompt)):]
+        one_by_one = IncrementalDetokenizer(tok, prompt)
+        streamed = ""
+        for t in out:
+            one_by_one.add_token(t)
+            streamed += one_by_one.emit()
+        streamed += one_by_one.emit(finished=True)
+        bulk = IncrementalDetokenizer(tok, prompt)
+        split = rng.randint(0, len(out))
+        bulk.add_tokens(out[:split])
+        bulk.add_tokens(out[split:])
+        assert streamed == want == bulk.emit(finished=True), [CLEANUP_WORDS[i] for i in out]
+
+
+def test_a_clean_up_tokenizer_still_cuts_at_stop_strings(cleanup_tokenizer_dir):
+    tok = Tokenizer(cleanup_tokenizer_dir)
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["c!"])
+    text = ""
+    for t in tok.encode("b . c ! a", add_special_tokens=False):
+        d.add_token(t)
+        text += d.emit()
+        if d.stopped:
+            break
+    assert d.stopped and text + d.emit(finished=True) == " b. "
+
+
+def test_a_clean_up_tokenizer_finds_a_stop_string_in_held_text_on_the_last_token(cleanup_tokenizer_dir):
+    """" s" waits for the clean-up (it could become "'s"-like text); the request's last token
+    releases it, so the engine still learns that the output stopped."""
+    tok = Tokenizer(cleanup_tokenizer_dir)
+    b, s = tok.encode("b s", add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["s"])
+    d.add_token(b)
+    assert d.emit() == " b"
+    d.add_token(s)
+    assert not d.stopped and d.emit() == ""
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["s"])
+    d.add_token(b)
+    d.add_token(s, last=True)
+    assert d.stopped and d.emit(finished=True) == " b "

@@ -1,13 +1,9 @@
 """Tokenizer.decode skips transformers' wrapper for speed: it must still give the wrapper's text."""
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
-from tokenizers import Tokenizer as RustTokenizer
-from tokenizers import models, pre_tokenizers
-
 from llm_engine.tokenizer import Tokenizer
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401
 
@@ -22,17 +18,14 @@ def test_decode_matches_the_hf_tokenizer_on_random_ids(tiny_checkpoints, name): 
             assert tok.decode(ids, skip_special_tokens=skip) == tok.hf_tokenizer.decode(ids, skip_special_tokens=skip)
 
 
-def test_decode_applies_the_clean_up_where_the_hf_tokenizer_does(tmp_path):
+def test_decode_applies_the_clean_up_where_the_hf_tokenizer_does(cleanup_tokenizer_dir):
     """A WordPiece tokenizer with clean_up_tokenization_spaces: " ." becomes "." in both."""
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[SEP]", "a", "b", "c", ".", ",", "!", "?"])}
-    rust = RustTokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    rust.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "sep_token": "[SEP]",
-        "clean_up_tokenization_spaces": True}))
-    tok = Tokenizer(tmp_path)
+    tok = Tokenizer(cleanup_tokenizer_dir)
+    assert tok.cleans_up
     ids = tok.encode("a . b , c ! a ? [SEP] b", add_special_tokens=False)
     for skip in (True, False):
         assert tok.decode(ids, skip_special_tokens=skip) == tok.hf_tokenizer.decode(ids, skip_special_tokens=skip)
     assert tok.decode(ids) == "a. b, c! a? b"
+    quote = tok.encode("a ' b", add_special_tokens=False)  # a clean-up across three tokens
+    assert tok.decode(quote) == tok.hf_tokenizer.decode(quote) == "a'b"
+    assert tok.decode(quote, clean_up=False) == "a ' b"
