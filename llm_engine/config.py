@@ -27,6 +27,10 @@ class EngineConfig:
     device: str = "auto"                    # auto (cuda:0, else cpu) | cpu | cuda | cuda:N
     seed: int = 0
     enforce_eager: bool = False             # True: no CUDA graphs
+    # Steps with prefill chunks of up to this many tokens replay piecewise CUDA graphs, attention
+    # launched between them (piecewise_graphs.py); 0: such steps run eagerly. Not yet measured on a
+    # GPU, hence off by default.
+    piecewise_graph_max_tokens: int = 0
     max_waiting: int | None = 1024          # bound of the waiting queue; None: unbounded
     tensor_parallel_size: int = 1           # processes (GPUs from `device` on) the model is split over
     # Launch each step before the previous one's sampled tokens reach the host, so the host's work
@@ -51,6 +55,7 @@ class EngineConfig:
             self.max_num_batched_tokens = 8192 if on_gpu else 2048
         _expect_min("max_num_seqs", self.max_num_seqs, 1)
         _expect_min("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _expect_min("piecewise_graph_max_tokens", self.piecewise_graph_max_tokens, 0)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_kv_blocks is not None:

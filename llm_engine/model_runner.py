@@ -8,8 +8,9 @@ kernel variants whenever the batch size changed.
 
 Attention: a decode-only batch (one new token per sequence) uses paged decode attention and, on
 CUDA, replays a CUDA graph captured for the next bucketed batch size. A batch with prefill chunks
-runs eagerly; its leading decodes still go through the decode kernel and only the chunks through
-paged prefill attention (a 1-token query would fill a whole prefill tile of BLOCK_M rows, and
+runs eagerly, or with `piecewise_graph_max_tokens` replays piecewise CUDA graphs for the next token
+bucket with attention launched between them (piecewise_graphs.py); its leading decodes still go
+through the decode kernel and only the chunks through paged prefill attention (a 1-token query would fill a whole prefill tile of BLOCK_M rows, and
 would re-read its KV for every query head of a GQA group).
 
 A step runs in three parts, so that tensor parallelism (tp_runner.py, worker.py) can send it to the
@@ -38,6 +39,7 @@ from llm_engine.kernels.prefill_attention import MIN_BATCH_BUCKET
 from llm_engine.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
 from llm_engine.layers.attention import AttentionMetadata
 from llm_engine.loader import load_model
+from llm_engine.piecewise_graphs import PiecewiseGraphs, bucket_sizes
 from llm_engine.sequence import Sequence, placeholder_row
 from llm_engine.tokenizer import Tokenizer
 
@@ -61,6 +63,8 @@ class StepLayout:
     graph_rows: int = 0                             # the CUDA graph that replays the step; 0: eager
     num_decodes: int = 0                            # leading decodes of a step with prefill chunks
     num_placeholders: int = 0                       # input ids filled from the previous step's sampled ids
+    piecewise_tokens: int = 0                       # the piecewise graphs' bucket (tokens padded to it); 0: none
+    num_tokens: int = 0                             # the step's real tokens (of a piecewise step)
 
 
 class ModelRunner:
@@ -83,6 +87,7 @@ class ModelRunner:
         self.kv_cache.bind(self.model.attention_layers)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_batch_sizes: list[int] = []
+        self.piecewise: PiecewiseGraphs | None = None
         if config.use_cuda_graphs:
             self.capture_cudagraphs()
 
@@ -120,9 +125,12 @@ class ModelRunner:
             host, sizes = self._prepare(batch, num_rows=rows, width=self.graph_max_blocks, prefill=False)
             return host, StepLayout(sizes, host.size, graph_rows=rows, num_placeholders=_num_placeholders(sizes))
         prefill = not batch.is_decode_only
-        host, sizes = self._prepare(batch, num_rows=len(batch.seqs), width=None, prefill=prefill)
+        bucket = self.piecewise.bucket(batch.num_tokens) if graphs and self.piecewise else None
+        host, sizes = self._prepare(batch, num_rows=len(batch.seqs), width=None, prefill=prefill,
+                                    padded_tokens=bucket)
         return host, StepLayout(sizes, host.size, num_decodes=_leading_decodes(batch.num_new_tokens) if prefill else 0,
-                                num_placeholders=_num_placeholders(sizes))
+                                num_placeholders=_num_placeholders(sizes), piecewise_tokens=bucket or 0,
+                                num_tokens=batch.num_tokens)
 
     def upload_step(self, host: np.ndarray, layout: StepLayout,
                     sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,7 +163,11 @@ class ModelRunner:
         else:
             meta = AttentionMetadata(inputs["slot_mapping"], inputs["block_tables"], inputs["context_lens"],
                                      inputs.get("cu_seqlens_q"), layout.num_decodes)
-            hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
+            if layout.piecewise_tokens:
+                hidden = self.piecewise.run((inputs["input_ids"], inputs["positions"], inputs["slot_mapping"]), meta,
+                                            layout.num_tokens)
+            else:
+                hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
         return self.model.compute_logits(hidden[inputs["logits_indices"]])
 
     def _fits_graph(self, batch: ScheduledBatch) -> bool:
@@ -166,12 +178,13 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing to release on one rank; the tensor-parallel runner stops its workers here."""
 
-    def _prepare(self, batch: ScheduledBatch, num_rows: int, width: int | None,
-                 prefill: bool) -> tuple[np.ndarray, list[tuple[str, int | tuple[int, int]]]]:
+    def _prepare(self, batch: ScheduledBatch, num_rows: int, width: int | None, prefill: bool,
+                 padded_tokens: int | None = None) -> tuple[np.ndarray, list[tuple[str, int | tuple[int, int]]]]:
         """The step's packed int32 inputs and their segment sizes.
 
         num_rows >= len(batch.seqs) pads a decode batch to a graph size (padded rows write no KV
-        and attend over one cached token); width fixes the block-table width (None: the batch's).
+        and attend over one cached token); width fixes the block-table width (None: the batch's);
+        padded_tokens pads the token ids, positions and slots to a piecewise graph's bucket.
         """
         seqs, bs = batch.seqs, self.block_size
         num_seqs = len(seqs)
@@ -208,6 +221,9 @@ class ModelRunner:
         slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
         logits_indices = (cu_seqlens[1:] - 1)[np.asarray(batch.sample, dtype=bool)]
 
+        if padded_tokens is not None:  # a piecewise bucket's padding: token 0 at position 0, no KV written
+            input_ids, positions = _padded(input_ids, padded_tokens, 0), _padded(positions, padded_tokens, 0)
+            slot_mapping = _padded(slot_mapping, padded_tokens, -1)
         if num_rows > num_seqs:  # decode padding: one token per row
             input_ids, positions = _padded(input_ids, num_rows, 0), _padded(positions, num_rows, 0)
             slot_mapping = _padded(slot_mapping, num_rows, -1)
@@ -333,7 +349,18 @@ class ModelRunner:
             pool = graph.pool() if pool is None else pool
             self.graphs[bs] = graph
         self.graph_batch_sizes = sizes
+        if self.config.piecewise_graph_max_tokens:
+            self.piecewise = self.piecewise_graphs(self.config.piecewise_graph_max_tokens)
+            self.piecewise.capture(pool)
         torch.cuda.synchronize(self.device)
+
+    def piecewise_graphs(self, max_tokens: int) -> PiecewiseGraphs:
+        """Piecewise graphs' buffers for steps of up to max_tokens tokens (capped at the step
+        budget), nothing captured."""
+        cfg = self.model_config
+        return PiecewiseGraphs(self.model, bucket_sizes(min(max_tokens, self.config.max_num_batched_tokens)),
+                               cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, self.config.torch_dtype,
+                               self.device)
 
     def _allocate_graph_buffers(self, max_bs: int) -> None:
         # Per row: input id, position, slot, context length, block table; then the sampled rows and

@@ -95,3 +95,16 @@ def expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
     expect_kv_scales(k_cache, k_scale, v_scale)
     expect_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                        context_lens=context_lens, k_scale=k_scale, v_scale=v_scale)
+
+
+def output_like(out: torch.Tensor | None, like: torch.Tensor, name: str = "out") -> torch.Tensor:
+    """Where an op writes: `out` (a caller's buffer of `like`'s shape and dtype, e.g. a CUDA graph's
+    static buffer; rows may be strided) or a new tensor like `like`."""
+    if out is None:
+        return torch.empty_like(like)
+    expect_shape(name, out, like.shape)
+    expect_dtype(name, out, (like.dtype,))
+    expect_last_dim_contiguous(name, out)
+    if out.device != like.device:
+        raise ValueError(f"{name} is on {out.device}, the input on {like.device}")
+    return out

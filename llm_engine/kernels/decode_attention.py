@@ -20,6 +20,7 @@ from llm_engine.kernels._validate import (
     expect_paged_attention_args,
     expect_power_of_two,
     expect_shape,
+    output_like,
 )
 from llm_engine.kernels.kv_cache import gather_kv_batch_ref
 from llm_engine.kernels.launch_config import interpreting, launch_params
@@ -44,14 +45,17 @@ def paged_decode_attention_ref(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D].
+    """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D]
+    (into `out` if given).
 
     num_splits only shapes the kernel's work split; the reference ignores it.
     """
     _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    out = output_like(out, q)
     if q.shape[0] == 0:
-        return torch.empty_like(q)
+        return out
     # The whole batch at once (the CPU serves decodes with this): padded to the longest context.
     length = int(context_lens.max())
     k = gather_kv_batch_ref(k_cache, k_scale, block_tables, length)
@@ -61,7 +65,8 @@ def paged_decode_attention_ref(
     scores = torch.einsum("bhd,bkhd->bhk", q.float(), k) * scale
     past_context = torch.arange(length, device=q.device)[None, :] >= context_lens[:, None].long()
     scores.masked_fill_(past_context[:, None, :], float("-inf"))
-    return torch.einsum("bhk,bkhd->bhd", scores.softmax(dim=-1), v).to(q.dtype)
+    out.copy_(torch.einsum("bhk,bkhd->bhd", scores.softmax(dim=-1), v))
+    return out
 
 
 # Step-dependent ints are not specialised on (== 1, % 16), nor the metadata pointers on their
@@ -180,8 +185,10 @@ def paged_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D].
+    """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D]
+    (into `out` if given).
 
     num_splits: how many programs share one sequence's context; None picks it from the launch
     config and the block table width (an upper bound on the context, known without a sync), and
@@ -198,7 +205,7 @@ def paged_decode_attention(
         num_splits = _choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, params)
     elif num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    out = torch.empty_like(q)
+    out = output_like(out, q)
     if batch == 0:
         return out
 

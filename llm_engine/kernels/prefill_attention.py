@@ -17,6 +17,7 @@ from llm_engine.kernels._validate import (
     expect_paged_attention_args,
     expect_power_of_two,
     expect_shape,
+    output_like,
 )
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
@@ -35,10 +36,12 @@ def paged_prefill_attention_ref(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D]; causal by absolute position."""
+    """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D] (into `out` if given);
+    causal by absolute position."""
     _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale)
-    out = torch.empty_like(q)
+    out = output_like(out, q)
     bounds = cu_seqlens_q.tolist()
     for b, context_len in enumerate(context_lens.tolist()):
         start, end = bounds[b], bounds[b + 1]
@@ -157,15 +160,17 @@ def paged_prefill_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D]; causal by absolute position."""
+    """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D] (into `out` if given);
+    causal by absolute position."""
     _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale)
     expect_launchable("q", q, "paged_prefill_attention_ref")
     num_tokens, num_q_heads, head_dim = q.shape
     expect_power_of_two("head_dim", head_dim, 16)
     _, block_size, num_kv_heads, _ = k_cache.shape
     batch = block_tables.shape[0]
-    out = torch.empty_like(q)
+    out = output_like(out, q)
     if num_tokens == 0 or batch == 0:
         return out
     params = launch_params("paged_prefill_attention", q.device, q.dtype, k_cache.dtype)

@@ -11,6 +11,7 @@ from llm_engine.kernels._validate import (
     expect_ndim,
     expect_same_device,
     expect_shape,
+    output_like,
 )
 from llm_engine.kernels.launch_config import launch_params
 
@@ -20,15 +21,18 @@ def rms_norm_ref(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] -> rmsnorm(x) * weight; with residual -> (rmsnorm(x + residual) * weight, x + residual)."""
+    """x [T, H] -> rmsnorm(x) * weight; with residual -> (rmsnorm(x + residual) * weight, residual),
+    residual updated in place to x + residual. `out`: where the normed rows go."""
     _check_args(x, weight, residual)
+    out = output_like(out, x)
     if residual is not None:
-        x = (x.float() + residual.float()).to(x.dtype)
+        residual.copy_((x.float() + residual.float()).to(x.dtype))
+        x = residual
     xf = x.float()
-    out = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    out = out.to(x.dtype)
-    return out if residual is None else (out, x)
+    out.copy_(xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float())
+    return out if residual is None else (out, residual)
 
 
 @triton.jit
@@ -60,16 +64,19 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] -> rmsnorm(x) * weight; with residual -> (rmsnorm(x + residual) * weight, x + residual)."""
+    """x [T, H] -> rmsnorm(x) * weight; with residual -> (rmsnorm(x + residual) * weight, residual),
+    residual updated in place to x + residual (each program reads its row before writing it).
+    `out`: where the normed rows go."""
     _check_args(x, weight, residual)
     expect_launchable("x", x, "rms_norm_ref")
     num_tokens, hidden_size = x.shape
-    out = torch.empty_like(x)
-    new_residual = torch.empty_like(x) if residual is not None else out
+    out = output_like(out, x)
     if num_tokens:
         has_residual = residual is not None
         residual_arg = residual if has_residual else x
+        new_residual = residual if has_residual else out  # (not written without a residual)
         params = launch_params("rms_norm", x.device)
         _rms_norm_kernel[(num_tokens,)](
             x, residual_arg, weight, out, new_residual,
@@ -79,7 +86,7 @@ def rms_norm(
             HAS_RESIDUAL=has_residual,
             num_warps=params["num_warps"],
         )
-    return out if residual is None else (out, new_residual)
+    return out if residual is None else (out, residual)
 
 
 def _check_args(x, weight, residual) -> None:

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_engine.kernels._validate import expect_launchable, expect_power_of_two, expect_same_device
+from llm_engine.kernels._validate import expect_launchable, expect_power_of_two, expect_same_device, output_like
 from llm_engine.kernels.kv_cache import check_write_args, store_token_heads, write_kv_cache_ref
 from llm_engine.kernels.launch_config import launch_params
 from llm_engine.kernels.rotary import apply_rotary_ref, check_rotary_args, rotate_heads
@@ -28,14 +28,16 @@ def rotary_and_write_kv_ref(
     slot_mapping: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by positions [T] (cos_sin_cache [max_pos, D] =
     [cos | sin]); write the rotated k and v [T, Hkv, D] into the caches at slot_mapping [T]
-    (slot < 0: skip), in place. Returns the rotated q, a new tensor; q, k, v are not modified."""
+    (slot < 0: skip), in place. Returns the rotated q, in `q_out` if given (else a new tensor); q, k, v are not
+    modified."""
     # The two halves check their own arguments (on the CPU this runs for every layer of every step).
     q_rot, k_rot = apply_rotary_ref(q, k, positions, cos_sin_cache)
     write_kv_cache_ref(k_rot, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    return q_rot
+    return q_rot if q_out is None else output_like(q_out, q, "q_out").copy_(q_rot)
 
 
 @triton.jit
@@ -88,15 +90,17 @@ def rotary_and_write_kv(
     slot_mapping: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by positions [T] (cos_sin_cache [max_pos, D] =
     [cos | sin]); write the rotated k and v [T, Hkv, D] into the caches at slot_mapping [T]
-    (slot < 0: skip), in place. Returns the rotated q, a new tensor; q, k, v are not modified."""
+    (slot < 0: skip), in place. Returns the rotated q, in `q_out` if given (else a new tensor); q, k, v are not
+    modified."""
     _check_args(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     expect_launchable("q", q, "rotary_and_write_kv_ref")
     num_tokens, num_q_heads, head_dim = q.shape
     expect_power_of_two("head_dim", head_dim, 2)
-    q_out = torch.empty_like(q)
+    q_out = output_like(q_out, q, "q_out")
     if num_tokens == 0:
         return q_out
     is_fp8 = k_cache.dtype == torch.float8_e4m3fn

@@ -1,5 +1,6 @@
 """Paged attention of one layer: rotate the step's q and k, write K/V into the cache (one kernel),
-then attend over the cache."""
+then attend over the cache. The two halves are separate calls, so that a piecewise CUDA graph
+(piecewise_graphs.py) can hold the first and leave the second to run eagerly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,23 +47,29 @@ class Attention(nn.Module):
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
         self.k_cache, self.v_cache, self.k_scale, self.v_scale = k_cache, v_cache, k_scale, v_scale
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] (the step's new tokens, before rotary) at positions [T]
-        -> [T, Hq * D]."""
-        q = ops.rotary_and_write_kv(q, k, v, positions, self.rotary_emb.cos_sin_cache, self.k_cache, self.v_cache,
-                                    meta.slot_mapping, self.k_scale, self.v_scale)
-        if meta.cu_seqlens_q is None:
-            out = self._decode(q, meta.block_tables, meta.context_lens)
-        else:
-            d = meta.num_decodes
-            out = ops.paged_prefill_attention(q[d:], self.k_cache, self.v_cache, meta.block_tables[d:],
-                                              meta.cu_seqlens_q, meta.context_lens[d:], self.scale,
-                                              self.k_scale, self.v_scale)
-            if d:
-                out = torch.cat([self._decode(q[:d], meta.block_tables[:d], meta.context_lens[:d]), out])
-        return out.view(-1, self.num_heads * self.head_dim)
+    def write_kv(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor, q_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate q and k, write k and v into this layer's cache -> the rotated q (into q_out)."""
+        return ops.rotary_and_write_kv(q, k, v, positions, self.rotary_emb.cos_sin_cache, self.k_cache,
+                                       self.v_cache, slot_mapping, self.k_scale, self.v_scale, q_out=q_out)
 
-    def _decode(self, q: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rotated q [T, Hq, D] over the cache -> [T, Hq * D] (into `out` if given): the
+        leading decodes and the prefill chunks each into their rows."""
+        if out is None:
+            out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
+        rows = out.view(-1, self.num_heads, self.head_dim)
+        if meta.cu_seqlens_q is None:
+            self._decode(q, meta.block_tables, meta.context_lens, rows)
+            return out
+        d = meta.num_decodes
+        ops.paged_prefill_attention(q[d:], self.k_cache, self.v_cache, meta.block_tables[d:], meta.cu_seqlens_q,
+                                    meta.context_lens[d:], self.scale, self.k_scale, self.v_scale, out=rows[d:])
+        if d:
+            self._decode(q[:d], meta.block_tables[:d], meta.context_lens[:d], rows[:d])
+        return out
+
+    def _decode(self, q: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                out: torch.Tensor) -> torch.Tensor:
         return ops.paged_decode_attention(q, self.k_cache, self.v_cache, block_tables, context_lens, self.scale,
-                                          self.k_scale, self.v_scale)
+                                          self.k_scale, self.v_scale, out=out)

@@ -13,6 +13,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """-> norm(x), or with residual -> (norm(x + residual), x + residual)."""
-        return ops.rms_norm(x, self.weight, self.eps, residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None):
+        """-> norm(x), or with residual -> (norm(x + residual), residual), residual updated in place
+        to x + residual; the normed rows into `out` if given."""
+        return ops.rms_norm(x, self.weight, self.eps, residual, out=out)

@@ -37,14 +37,16 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.o_proj_bias, tp=tp)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, rotary_emb)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, positions: torch.Tensor, hidden: torch.Tensor, slot_mapping: torch.Tensor,
+                q_out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [T, H] -> the rotated q [T, Hq, D] (into q_out); k and v go into the cache."""
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Views, not copies: the kernels take row strides.
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(positions, q, k, v, meta))
+        return self.attn.write_kv(positions, q, k, v, slot_mapping, q_out)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -55,16 +57,11 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, tp)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        # The residual add is fused into the next norm: each norm returns (normed, new residual).
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+    def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The layer's attention output [T, Hq * D] -> its output [T, H]; residual updated in place
+        (the residual add is fused into the next norm)."""
+        hidden, _ = self.post_attention_layernorm(self.self_attn.o_proj(attn_out), residual)
+        return self.mlp(hidden)
 
 
 class LlamaModel(nn.Module):
@@ -76,13 +73,38 @@ class LlamaModel(nn.Module):
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    @property
+    def num_pieces(self) -> int:
+        return len(self.layers) + 1
+
+    def piece(self, i: int, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+              attn_out: torch.Tensor | None, residual: torch.Tensor | None,
+              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Piece i of the forward pass, between two attentions: 0 embeds and projects layer 0's q;
+        1 .. L-1 finish layer i-1 from its attention output and project layer i's q; L finishes the
+        last layer and norms. -> (layer i's rotated q [T, Hq, D], or the final hidden states [T, H];
+        the residual). The residual is updated in place: piece 0 fills it from the embedding (a new
+        tensor when None). `out`: where the result goes (a CUDA graph's static buffer)."""
+        if i == 0:
+            embedded = self.embed_tokens(input_ids)
+            residual = embedded if residual is None else residual.copy_(embedded)
+            hidden = self.layers[0].input_layernorm(residual)
+        else:
+            hidden = self.layers[i - 1].after_attention(attn_out, residual)
+            if i == len(self.layers):
+                return self.norm(hidden, residual, out=out)
+            hidden, residual = self.layers[i].input_layernorm(hidden, residual)
+        return self.layers[i].self_attn.project(positions, hidden, slot_mapping, out), residual
+
+    def attend(self, i: int, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer i's attention: its rotated q -> [T, Hq * D] (into `out`)."""
+        return self.layers[i].self_attn.attn.attend(q, meta, out)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        x, residual = self.piece(0, input_ids, positions, meta.slot_mapping, None, None)
+        for i in range(len(self.layers)):
+            x, residual = self.piece(i + 1, input_ids, positions, meta.slot_mapping, self.attend(i, x, meta), residual)
+        return x
 
 
 class LlamaForCausalLM(nn.Module):
@@ -111,6 +133,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Token ids [T] at positions [T] -> final hidden states [T, hidden]."""
         return self.model(input_ids, positions, meta)
+
+    @property
+    def pieces(self) -> LlamaModel:
+        """The forward pass in pieces between attentions (LlamaModel.piece / attend / num_pieces)."""
+        return self.model
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [N, hidden] of the positions to sample -> float32 logits [N, vocab] on

@@ -40,14 +40,27 @@ def test_rms_norm_matches_ref(gen, device, dtype, num_tokens, hidden_size, with_
     weight = randn(gen, hidden_size, dtype=dtype, device=device)
     residual = randn(gen, num_tokens, hidden_size, dtype=dtype, device=device) if with_residual else None
     x_before = x.clone()
-    actual = rms_norm(x, weight, 1e-6, residual)
-    expected = rms_norm_ref(x, weight, 1e-6, residual)
+    own = None if residual is None else residual.clone()  # updated in place
+    actual = rms_norm(x, weight, 1e-6, own)
+    expected = rms_norm_ref(x, weight, 1e-6, None if residual is None else residual.clone())
     assert torch.equal(x, x_before)
     if with_residual:
+        assert actual[1] is own
         assert_close(actual[0], expected[0])
         assert_close(actual[1], expected[1])
+        assert_close(own, (x.float() + residual.float()).to(dtype))
     else:
         assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("op", [rms_norm, rms_norm_ref])
+def test_rms_norm_writes_into_a_given_output(gen, device, op):
+    x, weight, residual = (randn(gen, *shape, dtype=torch.float32, device=device) for shape in ((6, 64), (64,), (6, 64)))
+    buffer = torch.zeros(8, 64, device=device)
+    out, res = op(x, weight, 1e-6, residual.clone(), out=buffer[1:7])
+    assert out.data_ptr() == buffer[1].data_ptr()
+    assert_close(out, rms_norm_ref(x, weight, 1e-6, residual.clone())[0])
+    assert not buffer[0].any() and not buffer[7].any()
 
 
 def test_rms_norm_ref_formula(gen):

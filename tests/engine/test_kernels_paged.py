@@ -330,3 +330,40 @@ def test_prefill_other_block_size(gen, device):
     cu = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.context_lens, 32**-0.5)
     assert_close(paged_prefill_attention(*args), paged_prefill_attention_ref(*args), torch.float32)
+
+
+# --- outputs into a caller's buffer (a CUDA graph's static rows, one step's decodes then prefills) --
+
+@pytest.mark.parametrize("use_ref", [False, True])
+def test_ops_write_into_rows_of_a_given_buffer(gen, device, use_ref):
+    """Decode rows then prefill rows of one [T, Hq * D] buffer, and the rotated q into a buffer:
+    the same values as the ops' own outputs, nothing written outside the rows given."""
+    decode = paged_decode_attention_ref if use_ref else paged_decode_attention
+    prefill = paged_prefill_attention_ref if use_ref else paged_prefill_attention
+    rotary = rotary_and_write_kv_ref if use_ref else rotary_and_write_kv
+    heads, kv_heads, dim = 4, 2, 32
+    context_lens, query_lens = [20, 33, 9], [1, 5, 9]  # one decode, then two prefill chunks
+    kv = make_paged_kv(gen, device, context_lens, kv_heads, dim, torch.float32)
+    q = randn(gen, sum(query_lens), heads, dim, dtype=torch.float32, device=device)
+    buffer = torch.full((sum(query_lens) + 2, heads * dim), 7.0, device=device)
+    rows = buffer[1:-1].view(-1, heads, dim)
+    d = 1
+    cu = torch.tensor([0, 5, 14], dtype=torch.int32, device=device)
+    decode_args = (q[:d], kv.k_cache, kv.v_cache, kv.block_tables[:d], kv.context_lens[:d], dim**-0.5)
+    prefill_args = (q[d:], kv.k_cache, kv.v_cache, kv.block_tables[d:], cu, kv.context_lens[d:], dim**-0.5)
+    assert decode(*decode_args, out=rows[:d]).data_ptr() == rows.data_ptr()
+    prefill(*prefill_args, out=rows[d:])
+    assert_close(rows[:d], decode(*decode_args), torch.float32)
+    assert_close(rows[d:], prefill(*prefill_args), torch.float32)
+    assert (buffer[0] == 7).all() and (buffer[-1] == 7).all()
+
+    positions = torch.arange(q.shape[0], device=device)
+    table = compute_cos_sin_cache(dim, 64, 10000.0, None).to(device)
+    k = randn(gen, q.shape[0], kv_heads, dim, dtype=torch.float32, device=device)
+    slots = torch.full((q.shape[0],), -1, device=device)  # nothing written: only q_out is compared
+    q_buffer = torch.zeros(q.shape[0] + 1, heads, dim, device=device)
+    got = rotary(q, k, k, positions, table, kv.k_cache, kv.v_cache, slots, q_out=q_buffer[1:])
+    assert got.data_ptr() == q_buffer[1].data_ptr() and not q_buffer[0].any()
+    assert_close(got, rotary(q, k, k, positions, table, kv.k_cache, kv.v_cache, slots), torch.float32)
+    with pytest.raises(ValueError, match="out"):
+        decode(*decode_args, out=rows[:2])

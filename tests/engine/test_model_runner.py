@@ -88,6 +88,41 @@ def test_graph_step_inputs_replayed_on_cpu(tiny_checkpoints):
     assert not after_graph[:, :, 0].any()  # the padded row wrote no KV
 
 
+
+def mixed_step(runner, prompt_lens=(7, 30, 12), decoded=2):
+    """Sequences in blocks 1.. (block 0 stays free: a padded token's KV write would show there):
+    the first `decoded` prefilled (by `runner`) and one token further, the rest in a prefill chunk."""
+    seqs = [seq_with_blocks(range(5, 5 + n), range(3 * i + 1, 3 * i + 4)) for i, n in enumerate(prompt_lens)]
+    runner.execute(ScheduledBatch(seqs[:decoded], prompt_lens[:decoded], [True] * decoded))
+    for s in seqs[:decoded]:
+        s.num_computed_tokens = len(s)
+        s.append_token(42)
+    return seqs, ScheduledBatch(seqs, [1] * decoded + [len(s) for s in seqs[decoded:]], [True] * len(seqs))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_piecewise_step_on_cpu_matches_the_plain_forward(tiny_checkpoints, name):
+    """Decodes plus prefill chunks through the piecewise path (static buffers, tokens padded to a
+    bucket, attention between the pieces), each piece run eagerly: the plain forward's logits and
+    KV, and no KV written for the padding."""
+    runner = runner_for(tiny_checkpoints[name], num_kv_blocks=16, block_size=16)
+    seqs, prefill = mixed_step(runner)
+    before = runner.kv_cache.kv.clone()
+    eager = runner.execute_eager(prefill)
+    eager_kv = runner.kv_cache.kv.clone()
+    runner.kv_cache.kv.copy_(before)
+    runner.piecewise = runner.piecewise_graphs(200)
+    assert runner.piecewise.sizes == [128, 256]
+    host, layout = runner.prepare_step(prefill, graphs=True)
+    assert (layout.piecewise_tokens, layout.num_tokens) == (128, 2 + 12)
+    piecewise = runner.execute(prefill)
+    torch.testing.assert_close(piecewise, eager, atol=1e-5, rtol=0)
+    torch.testing.assert_close(runner.kv_cache.kv, eager_kv, atol=1e-5, rtol=0)
+    assert not runner.kv_cache.kv[:, :, 0].any()
+    assert runner.execute(ScheduledBatch(seqs[:1], [1], [True])).shape == (1, runner.vocab_size)  # decode-only
+    large = [seq_with_blocks(range(150), range(10)) for _ in range(2)]  # 300 tokens: past the last bucket
+    assert runner.prepare_step(ScheduledBatch(large, [150, 150], [True, True]), graphs=True)[1].piecewise_tokens == 0
+
 @needs_cuda
 def test_kv_pool_is_sized_from_free_gpu_memory(tiny_checkpoints):
     torch.cuda.empty_cache()  # memory cached by earlier tests would count as "in use" here but not in the runner
@@ -117,3 +152,21 @@ def test_cuda_graph_decode_matches_eager(tiny_checkpoints, kv_cache_dtype):
     assert graph.shape == (2, runner.vocab_size)
     # Not bit-equal: the graph's wider block tables give the decode kernel another KV split.
     torch.testing.assert_close(graph, eager, atol=1e-4, rtol=0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_piecewise_cuda_graphs_match_eager(tiny_checkpoints, kv_cache_dtype):
+    runner = runner_for(tiny_checkpoints["tiny-qwen2"], device="cuda", dtype="float32", num_kv_blocks=16,
+                        block_size=16, max_num_seqs=8, max_num_batched_tokens=256, piecewise_graph_max_tokens=256,
+                        kv_cache_dtype=kv_cache_dtype)
+    assert runner.piecewise.sizes == [128, 256]
+    seqs, prefill = mixed_step(runner)
+    before = runner.kv_cache.kv.clone()
+    graph = runner.execute(prefill)
+    graph_kv = runner.kv_cache.kv.clone()
+    runner.kv_cache.kv.copy_(before)
+    eager = runner.execute_eager(prefill)
+    torch.testing.assert_close(graph, eager, atol=1e-4, rtol=0)
+    torch.testing.assert_close(graph_kv.float(), runner.kv_cache.kv.float(), atol=1e-4, rtol=0)
+    assert not graph_kv[:, :, 0].float().any()  # the padded tokens wrote no KV
