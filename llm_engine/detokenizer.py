@@ -62,6 +62,15 @@ class IncrementalDetokenizer:
         new_text = self._clean(self._decode_new(final=False), final=last)
         if new_text:
             self._append(new_text, check_stop)
+        if check_stop and self._stop and self._raw_pending and not self.stopped and self._stop_in_pending():
+            # Ending here makes the held text final: its clean-up is known now, and so is the stop.
+            self._append(self._clean("", final=True), check_stop)
+
+    def _stop_in_pending(self) -> bool:
+        """Whether a stop string ends within the text that waits for the clean-up, as it would read
+        if the output ended now."""
+        text = self._text + self._tokenizer.clean_up(self._raw_pending)
+        return any(text.find(s, max(self._emitted, len(self._text) - len(s) + 1)) != -1 for s in self._stop)
 
     def add_tokens(self, token_ids: list[int]) -> None:
         """Decode several tokens in one window: the text add_token would give one by one (decode

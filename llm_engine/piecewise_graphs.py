@@ -22,15 +22,20 @@ import torch
 
 from llm_engine.layers.attention import AttentionMetadata
 
-# Bucket spacing: a step's tokens are padded up to the next multiple, and padded rows still go
-# through the projections and the MLP (up to 127 wasted rows per step).
-PIECEWISE_TOKEN_STEP = 128
+# Bucket spacing: every 128 tokens up to 2048, then an eighth of the power of two at or below
+# (256 up to 4096, 512 up to 8192, ...). Padded rows still go through the projections and the MLP:
+# past 1024 tokens under an eighth of a step; 16 buckets up to 2048 and 32 up to 8192, each one
+# graph per layer plus one.
+SMALLEST_BUCKET = 128
 
 
 def bucket_sizes(max_tokens: int) -> list[int]:
     """The token buckets that cover steps of up to max_tokens tokens."""
-    top = -(-max_tokens // PIECEWISE_TOKEN_STEP) * PIECEWISE_TOKEN_STEP
-    return list(range(PIECEWISE_TOKEN_STEP, top + 1, PIECEWISE_TOKEN_STEP))
+    sizes = [SMALLEST_BUCKET]
+    while sizes[-1] < max_tokens:
+        magnitude = 1 << (sizes[-1].bit_length() - 1)  # the power of two at or below
+        sizes.append(sizes[-1] + max(SMALLEST_BUCKET, magnitude // 8))
+    return sizes
 
 
 class PiecewiseGraphs:

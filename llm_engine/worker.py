@@ -54,11 +54,14 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # os._exit, not a normal exit: the process group's C++ threads can make interpreter teardown
+    # abort (SIGABRT), and rank 0 reports the exit code it sees.
+    code = 0
     try:
         main()
     except BaseException:
-        # os._exit, not a normal exit: the process group's C++ threads can make interpreter
-        # teardown abort (SIGABRT), and rank 0 reports the exit code it sees.
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

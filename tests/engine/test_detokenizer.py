@@ -145,17 +145,23 @@ def test_a_clean_up_tokenizer_still_cuts_at_stop_strings(cleanup_tokenizer_dir):
     assert d.stopped and text + d.emit(finished=True) == " b. "
 
 
-def test_a_clean_up_tokenizer_finds_a_stop_string_in_held_text_on_the_last_token(cleanup_tokenizer_dir):
-    """" s" waits for the clean-up (it could become "'s"-like text); the request's last token
-    releases it, so the engine still learns that the output stopped."""
+def test_a_clean_up_tokenizer_finds_a_stop_string_in_text_held_for_the_clean_up(cleanup_tokenizer_dir):
+    """" s" waits for the clean-up (a later token could join it into a pattern), but a stop string
+    in it ends the output at once: the engine learns of the stop on the token that completed it."""
     tok = Tokenizer(cleanup_tokenizer_dir)
     b, s = tok.encode("b s", add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False))
+    d.add_token(b)
+    assert d.emit() == " b"
+    d.add_token(s)
+    assert d.emit() == ""  # held: no stop strings, nothing to decide yet
     d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["s"])
     d.add_token(b)
     assert d.emit() == " b"
     d.add_token(s)
-    assert not d.stopped and d.emit() == ""
-    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["s"])
+    assert d.stopped and d.emit() == " "
+    assert d.emit(finished=True) == "" and d.text == " b "
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["x"])
     d.add_token(b)
-    d.add_token(s, last=True)
-    assert d.stopped and d.emit(finished=True) == " b "
+    d.add_token(s, last=True)  # the request's last token releases everything
+    assert not d.stopped and d.emit() == " b s"

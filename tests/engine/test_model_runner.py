@@ -170,3 +170,12 @@ def test_piecewise_cuda_graphs_match_eager(tiny_checkpoints, kv_cache_dtype):
     torch.testing.assert_close(graph, eager, atol=1e-4, rtol=0)
     torch.testing.assert_close(graph_kv.float(), runner.kv_cache.kv.float(), atol=1e-4, rtol=0)
     assert not graph_kv[:, :, 0].float().any()  # the padded tokens wrote no KV
+
+
+def test_piecewise_buckets_pad_steps_past_1024_tokens_by_under_an_eighth():
+    from llm_engine.piecewise_graphs import bucket_sizes
+
+    sizes = bucket_sizes(8192)
+    assert sizes[:3] == [128, 256, 384] and sizes[-1] == 8192 and len(sizes) == 32
+    assert all(b - a <= b / 8 for a, b in zip(sizes, sizes[1:]) if a >= 1024)
+    assert bucket_sizes(200) == [128, 256] and bucket_sizes(1) == [128]
