@@ -53,23 +53,26 @@ def allocate_kv_cache(model_config: ModelConfig, num_blocks: int, block_size: in
     return KVCache(num_blocks, block_size, kv, scales)
 
 
-def num_blocks_from_gpu_memory(device: torch.device, gpu_memory_utilization: float, block_bytes: int) -> int:
+def num_blocks_from_gpu_memory(device: torch.device, gpu_memory_utilization: float, block_bytes: int,
+                               activation_copies: int = 1) -> int:
     """Blocks that fit in total * utilization once the memory in use and the activation peak are set aside.
 
     Call right after a profiling forward pass of the largest step (its peak is in the allocator stats)
     with its temporaries freed: what is in use then is weights, CUDA context and other processes.
+    activation_copies: how many times the peak is set aside (2: piecewise CUDA graphs keep their
+    own pool and static buffers, at most one such step's worth, besides the eager steps').
     """
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     stats = torch.cuda.memory_stats(device)
     activation_peak = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-    budget = total * gpu_memory_utilization - (total - free) - activation_peak
+    budget = total * gpu_memory_utilization - (total - free) - activation_copies * activation_peak
     num_blocks = int(budget // block_bytes)
     if num_blocks < 1:
         raise ValueError(
             f"no GPU memory left for the KV cache: gpu_memory_utilization {gpu_memory_utilization} of "
             f"{total / 2**30:.1f} GiB, {(total - free) / 2**30:.1f} GiB in use, activation peak "
-            f"{activation_peak / 2**30:.2f} GiB; raise gpu_memory_utilization or lower max_num_batched_tokens"
+            f"{activation_peak / 2**30:.2f} GiB (set aside {activation_copies}x); raise gpu_memory_utilization or lower max_num_batched_tokens"
         )
     return num_blocks

@@ -276,7 +276,9 @@ class ModelRunner:
         # Profile the largest steps the scheduler can issue: their activations must fit next to the pool.
         self.warmup()
         block_bytes = bytes_per_block(self.model_config, self.block_size, self.config.kv_cache_torch_dtype)
-        return num_blocks_from_gpu_memory(self.device, self.config.gpu_memory_utilization, block_bytes)
+        piecewise = self.config.use_cuda_graphs and self.config.piecewise_graph_max_tokens > 0
+        return num_blocks_from_gpu_memory(self.device, self.config.gpu_memory_utilization, block_bytes,
+                                          activation_copies=2 if piecewise else 1)
 
     @torch.inference_mode()
     def warmup(self) -> None:
