@@ -39,6 +39,7 @@ class IncrementalDetokenizer:
         self._cleans_up = tokenizer.cleans_up
         self._raw_pending = ""  # raw text not yet cleaned up (cleans_up tokenizers)
         self._check_stop = True  # the last add_token's: the final flush checks stop strings as it did
+        self._stop_floor = 0     # text before this came below min_tokens: a stop string must end past it
         self._text = ""       # decoded output text (cut at the stop string once one is found)
         self._emitted = 0     # chars of _text already returned by emit()
         self.stopped = False
@@ -62,7 +63,10 @@ class IncrementalDetokenizer:
         new_text = self._clean(self._decode_new(final=False), final=last)
         if new_text:
             self._append(new_text, check_stop)
-        if check_stop and self._stop and self._raw_pending and not self.stopped and self._stop_in_pending():
+        if not check_stop:  # (with the text still held for the clean-up, as it will read)
+            pending = self._tokenizer.clean_up(self._raw_pending) if self._raw_pending else ""
+            self._stop_floor = len(self._text) + len(pending)
+        elif self._stop and self._raw_pending and not self.stopped and self._stop_in_pending():
             # Ending here makes the held text final: its clean-up is known now, and so is the stop.
             self._append(self._clean("", final=True), check_stop)
 
@@ -70,7 +74,12 @@ class IncrementalDetokenizer:
         """Whether a stop string ends within the text that waits for the clean-up, as it would read
         if the output ended now."""
         text = self._text + self._tokenizer.clean_up(self._raw_pending)
-        return any(text.find(s, max(self._emitted, len(self._text) - len(s) + 1)) != -1 for s in self._stop)
+        return any(text.find(s, self._stop_search_start(s, len(self._text))) != -1 for s in self._stop)
+
+    def _stop_search_start(self, stop: str, start: int) -> int:
+        """Where to look for `stop` in text that grew from `start`: it may straddle that boundary
+        with earlier, not yet emitted, text, but not end at or before the min_tokens floor."""
+        return max(self._emitted, start - len(stop) + 1, self._stop_floor - len(stop) + 1)
 
     def add_tokens(self, token_ids: list[int]) -> None:
         """Decode several tokens in one window: the text add_token would give one by one (decode
@@ -127,8 +136,7 @@ class IncrementalDetokenizer:
             return
         cut = -1
         for s in self._stop:
-            # A stop string may straddle the boundary with earlier, not yet emitted, text.
-            i = self._text.find(s, max(self._emitted, start - len(s) + 1))
+            i = self._text.find(s, self._stop_search_start(s, start))
             if i != -1 and (cut == -1 or i < cut):
                 cut = i
         if cut != -1:

@@ -165,3 +165,15 @@ def test_a_clean_up_tokenizer_finds_a_stop_string_in_text_held_for_the_clean_up(
     d.add_token(b)
     d.add_token(s, last=True)  # the request's last token releases everything
     assert not d.stopped and d.emit() == " b s"
+
+
+def test_a_clean_up_tokenizer_ignores_stop_strings_in_text_from_below_min_tokens(cleanup_tokenizer_dir):
+    """" s" came below min_tokens and waits for the clean-up; released later, it is still text that
+    stop strings do not apply to."""
+    tok = Tokenizer(cleanup_tokenizer_dir)
+    b, s, c = tok.encode("b s c", add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["s"])
+    d.add_token(b, check_stop=False)
+    d.add_token(s, check_stop=False)
+    d.add_token(c)
+    assert not d.stopped and d.emit(finished=True) == " b s c"
