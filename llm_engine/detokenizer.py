@@ -114,10 +114,8 @@ class IncrementalDetokenizer:
         self._read_offset = len(ids)
         return full[len(prefix):]
 
-    def _decode(self, ids: list[int]) -> str:
-        if self._cleans_up:
-            return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special, clean_up=False)
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+    def _decode(self, ids: list[int]) -> str:  # raw: _clean applies the clean-up
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special, clean_up=False)
 
     def _clean(self, raw: str, final: bool) -> str:
         """The cleaned-up text of the raw text so far that no later token can change (all of

@@ -73,6 +73,7 @@ def num_blocks_from_gpu_memory(device: torch.device, gpu_memory_utilization: flo
         raise ValueError(
             f"no GPU memory left for the KV cache: gpu_memory_utilization {gpu_memory_utilization} of "
             f"{total / 2**30:.1f} GiB, {(total - free) / 2**30:.1f} GiB in use, activation peak "
-            f"{activation_peak / 2**30:.2f} GiB (set aside {activation_copies}x); raise gpu_memory_utilization or lower max_num_batched_tokens"
+            f"{activation_peak / 2**30:.2f} GiB (set aside {activation_copies}x); raise gpu_memory_utilization "
+            "or lower max_num_batched_tokens"
         )
     return num_blocks

@@ -10,8 +10,9 @@ Attention: a decode-only batch (one new token per sequence) uses paged decode at
 CUDA, replays a CUDA graph captured for the next bucketed batch size. A batch with prefill chunks
 runs eagerly, or with `piecewise_graph_max_tokens` replays piecewise CUDA graphs for the next token
 bucket with attention launched between them (piecewise_graphs.py); its leading decodes still go
-through the decode kernel and only the chunks through paged prefill attention (a 1-token query would fill a whole prefill tile of BLOCK_M rows, and
-would re-read its KV for every query head of a GQA group).
+through the decode kernel and only the chunks through paged prefill attention (a 1-token query
+would fill a whole prefill tile of BLOCK_M rows, and would re-read its KV for every query head of
+a GQA group).
 
 A step runs in three parts, so that tensor parallelism (tp_runner.py, worker.py) can send it to the
 other ranks between them: prepare_step (host side, rank 0 only), upload_step, run_step (every rank).
@@ -221,12 +222,13 @@ class ModelRunner:
         slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
         logits_indices = (cu_seqlens[1:] - 1)[np.asarray(batch.sample, dtype=bool)]
 
-        if padded_tokens is not None:  # a piecewise bucket's padding: token 0 at position 0, no KV written
-            input_ids, positions = _padded(input_ids, padded_tokens, 0), _padded(positions, padded_tokens, 0)
-            slot_mapping = _padded(slot_mapping, padded_tokens, -1)
-        if num_rows > num_seqs:  # decode padding: one token per row
-            input_ids, positions = _padded(input_ids, num_rows, 0), _padded(positions, num_rows, 0)
-            slot_mapping = _padded(slot_mapping, num_rows, -1)
+        # Padding tokens (a decode graph's rows, one token each, or a piecewise bucket): token 0 at
+        # position 0, no KV written.
+        tokens_to = padded_tokens or max(num_rows, num_tokens)
+        if tokens_to > num_tokens:
+            input_ids, positions = _padded(input_ids, tokens_to, 0), _padded(positions, tokens_to, 0)
+            slot_mapping = _padded(slot_mapping, tokens_to, -1)
+        if num_rows > num_seqs:
             context_lens = _padded(context_lens, num_rows, 1)
         segments = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slot_mapping),
                     ("context_lens", context_lens)]

@@ -32,8 +32,8 @@ def rotary_and_write_kv_ref(
 ) -> torch.Tensor:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by positions [T] (cos_sin_cache [max_pos, D] =
     [cos | sin]); write the rotated k and v [T, Hkv, D] into the caches at slot_mapping [T]
-    (slot < 0: skip), in place. Returns the rotated q, in `q_out` if given (else a new tensor); q, k, v are not
-    modified."""
+    (slot < 0: skip), in place. Returns the rotated q, in `q_out` if given (else a new tensor);
+    q, k, v are not modified."""
     # The two halves check their own arguments (on the CPU this runs for every layer of every step).
     q_rot, k_rot = apply_rotary_ref(q, k, positions, cos_sin_cache)
     write_kv_cache_ref(k_rot, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -94,8 +94,8 @@ def rotary_and_write_kv(
 ) -> torch.Tensor:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by positions [T] (cos_sin_cache [max_pos, D] =
     [cos | sin]); write the rotated k and v [T, Hkv, D] into the caches at slot_mapping [T]
-    (slot < 0: skip), in place. Returns the rotated q, in `q_out` if given (else a new tensor); q, k, v are not
-    modified."""
+    (slot < 0: skip), in place. Returns the rotated q, in `q_out` if given (else a new tensor);
+    q, k, v are not modified."""
     _check_args(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     expect_launchable("q", q, "rotary_and_write_kv_ref")
     num_tokens, num_q_heads, head_dim = q.shape

@@ -28,7 +28,7 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True, clean_up: bool = True) -> str:
         parts = []
         for i in ids:
             if i < 256:
