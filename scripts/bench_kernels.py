@@ -122,7 +122,7 @@ def expect_close(case, actual, expected, atol=2e-2, rtol=2e-2):
 def to_paged(gen, block_size, *dense):
     """Dense [B, S, Hkv, D] tensors -> their caches in K's layout [num_blocks, block_size, Hkv, D]
     and one shared block table [B, cdiv(S, block_size)], blocks shuffled as a long-running engine
-    leaves them (K.v_cache_from_token_major lays out a V cache)."""
+    leaves them."""
     batch, seq, heads, dim = dense[0].shape
     per_seq = triton.cdiv(seq, block_size)
     order = torch.randperm(batch * per_seq, generator=gen, device=gen.device)
@@ -144,7 +144,6 @@ def decode_bench(case, s: Sizes, batch, context, kv_dtype, gen, goal=None) -> Be
     k_scale = v_scale = None
     if kv_dtype == FP8:
         (k_cache, k_scale), (v_cache, v_scale) = K.quantize_fp8_cache_ref(k_cache), K.quantize_fp8_cache_ref(v_cache)
-    v_cache = K.v_cache_from_token_major(v_cache)
     context_lens = torch.full((batch,), context, dtype=torch.int32, device=gen.device)
     args = (q, k_cache, v_cache, block_tables, context_lens, s.head_dim**-0.5, k_scale, v_scale)
     expected = K.paged_decode_attention_ref(*args)
@@ -171,7 +170,6 @@ def prefill_benches(s: Sizes, seqs, seq_len, gen, tune: bool) -> list[Bench]:
     q = randn(gen, seqs * seq_len, s.q_heads, s.head_dim)
     k, v = (randn(gen, seqs, seq_len, s.kv_heads, s.head_dim) for _ in range(2))
     k_cache, v_cache, block_tables = to_paged(gen, s.block_size, k, v)
-    v_cache = K.v_cache_from_token_major(v_cache)
     cu_seqlens = torch.arange(seqs + 1, dtype=torch.int32, device=gen.device) * seq_len
     context_lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=gen.device)
     args = (q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, scale)
@@ -215,7 +213,6 @@ def rotary_write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
     scales = [None, None]
     if cache_dtype == FP8:
         (caches[0], scales[0]), (caches[1], scales[1]) = (K.quantize_fp8_cache_ref(c) for c in caches)
-    caches[1] = K.v_cache_from_token_major(caches[1])
     expected = [None if t is None else t.clone() for t in (*caches, *scales)]
     q_ref = K.rotary_and_write_kv_ref(q, k, v, positions, table, *expected[:2], slots, *expected[2:])
 
@@ -225,9 +222,7 @@ def rotary_write_kv_bench(s: Sizes, cache_dtype, gen) -> Bench:
             for cache, ref in zip(caches, expected):
                 expect_close(case, cache, ref)
             return
-        written_kv = caches[0], K.token_major_v(caches[1])
-        expected_kv = expected[0], K.token_major_v(expected[1])
-        for cache, scale, ref, ref_scale in zip(written_kv, scales, expected_kv, expected[2:]):
+        for cache, scale, ref, ref_scale in zip(caches, scales, expected[:2], expected[2:]):
             expect_close(case, scale, ref_scale, atol=0, rtol=2**-7)
             # Within one e4m3 step plus a subnormal step, as tests/engine/test_kernels_paged.py.
             expect_close(case, K.dequantize_fp8_cache_ref(cache, scale), K.dequantize_fp8_cache_ref(ref, ref_scale),

@@ -19,39 +19,20 @@ def dot_operand(q, UPCAST_DOT: tl.constexpr, FP8_AS_FP16: tl.constexpr):
 
 
 @triton.jit
-def load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tile_start, end, kv_head, num_kv_heads,
-                 stride_cache_token, stride_cache_head, q, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, V_RUN: tl.constexpr):
-    """K and V of the BLOCK_N positions from tile_start (a multiple of BLOCK_N) of one sequence,
-    for one kv head, through its block table, in q's dtype (zero past `end`); also the offsets of
-    their FP8 scales ([block, kv head, offset] layout) and the mask of positions before `end`.
-
-    K [block, offset, kv head, dim] is read along the head dim. V [block, kv head, dim, offset]
-    is read along the tokens: the dot p @ v reduces over tokens, and its operand tile arrives
-    token-contiguous in shared memory, which an 8-bit transposed tile cannot (no ldmatrix.trans
-    for bytes: FP8 V in the K layout went through one-byte shared loads)."""
-    tokens = tl.multiple_of(tile_start, BLOCK_N) + tl.arange(0, BLOCK_N)
-    token_mask = tokens < end
-    # V loads in runs of V_RUN = min(PAGE_SIZE, BLOCK_N) tokens (aligned, in one page): each run is
-    # read whole or not at all, so a load vectorizes along the tokens; a run's tail past `end` lies
-    # in the same page.
-    run_mask = tl.max_constancy(tokens // V_RUN * V_RUN < end, V_RUN)
-    block_ids = tl.load(block_table_row_ptr + tokens // PAGE_SIZE, mask=run_mask, other=0).to(tl.int64)
+def load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask, kv_head, num_kv_heads, dims,
+                 stride_cache_token, stride_cache_head, q, PAGE_SIZE: tl.constexpr):
+    """K and V of `tokens` (positions in one sequence) for one kv head, through its block table,
+    in q's dtype; also the offsets of their FP8 scales ([block, kv head, offset] layout: one
+    head's scales of a block are contiguous, so a tile reads them in whole sectors)."""
+    block_ids = tl.load(block_table_row_ptr + tokens // PAGE_SIZE, mask=token_mask, other=0).to(tl.int64)
     offsets = tokens % PAGE_SIZE
-    head_blocks = block_ids * num_kv_heads + kv_head
-    scale_offsets = head_blocks * PAGE_SIZE + offsets
-    dims = tl.arange(0, HEAD_DIM)
-    k_offsets = ((block_ids * PAGE_SIZE + offsets)[:, None] * stride_cache_token + kv_head * stride_cache_head
-                 + dims[None, :])
-    v_offsets = head_blocks[:, None] * (HEAD_DIM * PAGE_SIZE) + dims[None, :] * PAGE_SIZE + offsets[:, None]
-    v_offsets = tl.max_contiguous(tl.multiple_of(v_offsets, [V_RUN, 1]), [V_RUN, 1])
+    slots = block_ids * PAGE_SIZE + offsets
+    scale_offsets = (block_ids * num_kv_heads + kv_head) * PAGE_SIZE + offsets
+    kv_offsets = slots[:, None] * stride_cache_token + kv_head * stride_cache_head + dims[None, :]
     # e4m3 values are exact in q's dtype; FP8 scales are applied after the dots.
-    k = tl.load(k_cache_ptr + k_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
-    # A run's tail past `end` holds stale values, which get probability 0: the pool holds finite
-    # values only (zeroed at allocation, non-finite V written as 0), so 0 * v is 0. (Zeroing them
-    # here would send the tile through shared memory once more.)
-    v = tl.load(v_cache_ptr + v_offsets, mask=run_mask[:, None], other=0.0).to(q.dtype)
-    return k, v, scale_offsets, token_mask
+    k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
+    return k, v, scale_offsets
 
 
 @triton.jit

@@ -22,7 +22,7 @@ from llm_engine.kernels._validate import (
     expect_shape,
     output_like,
 )
-from llm_engine.kernels.kv_cache import gather_kv_batch_ref, token_major_v
+from llm_engine.kernels.kv_cache import gather_kv_batch_ref
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634
@@ -59,7 +59,7 @@ def paged_decode_attention_ref(
     # The whole batch at once (the CPU serves decodes with this): padded to the longest context.
     length = int(context_lens.max())
     k = gather_kv_batch_ref(k_cache, k_scale, block_tables, length)
-    v = gather_kv_batch_ref(token_major_v(v_cache), v_scale, block_tables, length)
+    v = gather_kv_batch_ref(v_cache, v_scale, block_tables, length)
     group = q.shape[1] // k.shape[2]
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bhd,bkhd->bhk", q.float(), k) * scale
@@ -86,7 +86,6 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    V_RUN: tl.constexpr,
     IS_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -116,9 +115,11 @@ def _decode_split_kernel(
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
         for tile_start in range(split_start, split_end, BLOCK_N):
-            k, v, scale_offsets, token_mask = load_kv_tile(
-                k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tile_start, split_end, kv_head,
-                num_kv_heads, stride_cache_token, stride_cache_head, q, PAGE_SIZE, BLOCK_N, HEAD_DIM, V_RUN)
+            tokens = tile_start + tl.arange(0, BLOCK_N)
+            token_mask = tokens < split_end
+            k, v, scale_offsets = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tokens,
+                                               token_mask, kv_head, num_kv_heads, dims, stride_cache_token,
+                                               stride_cache_head, q, PAGE_SIZE)
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             if IS_FP8:
                 k_scale = tl.load(k_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
@@ -233,7 +234,6 @@ def paged_decode_attention(
         PAGE_SIZE=block_size,
         BLOCK_N=block_n,
         BLOCK_S=MERGE_BLOCK_S,
-        V_RUN=min(block_size, block_n),
         IS_FP8=is_fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,

@@ -24,8 +24,6 @@ from llm_engine.kernels import (
     quantize_fp8_ref,
     rotary_and_write_kv,
     rotary_and_write_kv_ref,
-    token_major_v,
-    v_cache_from_token_major,
     write_kv_cache_ref,
 )
 from llm_engine.kernels.launch_config import override_launch_params
@@ -64,7 +62,6 @@ def make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, cache_dtype
         (k_cache, k_scale), (v_cache, v_scale) = quantize_fp8_cache_ref(k), quantize_fp8_cache_ref(v)
     else:
         k_cache, v_cache, k_scale, v_scale = k.to(cache_dtype), v.to(cache_dtype), None, None
-    v_cache = v_cache_from_token_major(v_cache)
     block_ids = torch.randperm(num_blocks, generator=gen)
     # Entries past a sequence's blocks point at other sequences' blocks: reading them is wrong.
     block_tables = torch.randint(0, num_blocks, (len(context_lens), max_blocks), generator=gen)
@@ -120,7 +117,7 @@ def test_refs_match_dense_float64_attention(gen, cache_dtype, num_q_heads, num_k
         # The sequence's KV, read by block arithmetic independently of gather_kv_ref.
         slots = [int(kv.block_tables[b, t // 16]) * 16 + t % 16 for t in range(n_ctx)]
         flat = lambda c: c.reshape(-1, *c.shape[2:])[slots].float()  # noqa: E731
-        k, v = flat(kv.k_cache), flat(token_major_v(kv.v_cache))
+        k, v = flat(kv.k_cache), flat(kv.v_cache)
         if cache_dtype == FP8:
             k = k * kv.k_scale.transpose(1, 2).reshape(-1, num_kv_heads)[slots][..., None]
             v = v * kv.v_scale.transpose(1, 2).reshape(-1, num_kv_heads)[slots][..., None]
@@ -147,7 +144,7 @@ def test_write_then_gather_ref_round_trip(gen):
     slot_of = lambda t: int(kv.block_tables[1, t // 8]) * 8 + t % 8  # noqa: E731
     write_kv_cache_ref(k, v, kv.k_cache, kv.v_cache, torch.tensor([slot_of(t) for t in range(9)]))
     assert torch.equal(gather_kv_ref(kv.k_cache, None, kv.block_tables[1], 9), k)
-    assert torch.equal(gather_kv_ref(token_major_v(kv.v_cache), None, kv.block_tables[1], 9), v)
+    assert torch.equal(gather_kv_ref(kv.v_cache, None, kv.block_tables[1], 9), v)
 
 
 # --- rotary + write_kv_cache --------------------------------------------------------------------
@@ -189,7 +186,7 @@ def test_rotary_and_write_kv_matches_ref(gen, device, cache_dtype, dtype, num_q_
     k_rtol, k_same = (1e-5, 0.999) if dtype == torch.float32 else (2**-7, 0.95)
     for cache, scale, ref_cache, ref_scale, rtol, same in (
             (kv.k_cache, kv.k_scale, expected[0], expected[2], k_rtol, k_same),
-            (token_major_v(kv.v_cache), kv.v_scale, token_major_v(expected[1]), expected[3], 1e-6, 0.999)):
+            (kv.v_cache, kv.v_scale, expected[1], expected[3], 1e-6, 0.999)):
         torch.testing.assert_close(scale, ref_scale, atol=0, rtol=rtol)
         # The kernel rounds to the e4m3 grid itself, so bytes normally match torch's cast
         # exactly; an inexact division could still put a value on the neighbouring step, hence
@@ -202,42 +199,21 @@ def test_rotary_and_write_kv_matches_ref(gen, device, cache_dtype, dtype, num_q_
         assert same_bytes > same
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, FP8])
-def test_non_finite_v_is_written_as_zero(gen, device, cache_dtype):
-    """Attention reads whole pages of V and weights the positions past a context by 0, so the pool
-    must hold no NaN or inf (0 * NaN is NaN): V's non-finite values are stored as 0, by both."""
-    kv = make_paged_kv(gen, device, [16], 2, 32, cache_dtype)
-    q, k = (randn(gen, 3, 2, 32, dtype=torch.float32, device=device) for _ in range(2))
-    v = randn(gen, 3, 2, 32, dtype=torch.float32, device=device)
-    v[0, 0, 5], v[1, 1, 0], v[2, 0, 31] = float("nan"), float("inf"), -float("inf")
-    slots = torch.tensor([0, 1, 2], device=device) + int(kv.block_tables[0, 0]) * 16
-    positions = torch.arange(3, device=device)
-    table = compute_cos_sin_cache(32, 8, 10000.0, None).to(device)
-    for write in (rotary_and_write_kv, rotary_and_write_kv_ref):
-        v_cache, v_scale = kv.v_cache.clone(), None if kv.v_scale is None else kv.v_scale.clone()
-        write(q, k, v, positions, table, kv.k_cache.clone(), v_cache, slots, kv.k_scale, v_scale)
-        written = token_major_v(v_cache)[kv.block_tables[0, 0], :3].float()
-        assert written.isfinite().all()
-        assert written[0, 0, 5] == 0 and written[1, 1, 0] == 0 and written[2, 0, 31] == 0
-        assert (written[0, 0, :5] != 0).all()  # the rest of the head is kept
-
-
 def test_rotary_and_write_kv_contract_violations(device):
     q, k = torch.ones(2, 4, 32, device=device), torch.ones(2, 1, 32, device=device)
     positions = torch.zeros(2, dtype=torch.int64, device=device)
     slots = torch.zeros(2, dtype=torch.int64, device=device)
     table = torch.ones(4, 32, device=device)
-    cache, v_cache = torch.zeros(2, 16, 1, 32, device=device), torch.zeros(2, 1, 32, 16, device=device)
+    cache = torch.zeros(2, 16, 1, 32, device=device)
     with pytest.raises(ValueError, match="k_scale"):
-        rotary_and_write_kv(q, k, k, positions, table, cache.to(FP8), v_cache.to(FP8), slots)
+        fp8 = cache.to(FP8)
+        rotary_and_write_kv(q, k, k, positions, table, fp8, fp8.clone(), slots)
     with pytest.raises(ValueError, match="rotary_dim"):
-        rotary_and_write_kv(q, k, k, positions, table[:, :16], cache, v_cache, slots)
+        rotary_and_write_kv(q, k, k, positions, table[:, :16], cache, cache.clone(), slots)
     with pytest.raises(ValueError, match="positions"):
-        rotary_and_write_kv(q, k, k, positions[:1], table, cache, v_cache, slots)
+        rotary_and_write_kv(q, k, k, positions[:1], table, cache, cache.clone(), slots)
     with pytest.raises(ValueError, match="slot_mapping"):
-        rotary_and_write_kv(q, k, k, positions, table, cache, v_cache, slots[:1])
-    with pytest.raises(ValueError, match=r"v_cache must have shape \(2, 1, 32, 16\)"):
-        rotary_and_write_kv(q, k, k, positions, table, cache, cache.clone(), slots)
+        rotary_and_write_kv(q, k, k, positions, table, cache, cache.clone(), slots[:1])
 
 
 # --- paged decode attention -------------------------------------------------------------------
