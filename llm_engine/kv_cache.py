@@ -1,8 +1,8 @@
 """The paged KV pool: its size (from free GPU memory, or a token budget on CPU) and its allocation.
 
 One allocation holds every layer's K and V, [2, num_layers, num_blocks, block_size, num_kv_heads,
-head_dim]; each layer gets contiguous views of it, an FP8 V's token-minor (kernels/kv_cache.py
-gives the layouts). FP8 caches add float32 scales, one per (token, kv head).
+head_dim]; each layer gets contiguous views of it. FP8 caches add float32 scales, one per
+(token, kv head).
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from llm_engine.kernels import v_cache_shape
 from llm_engine.model_config import ModelConfig
 
 # Step tensors (slot_mapping) are int32: every slot of the pool must fit.
@@ -27,12 +26,10 @@ class KVCache:
     def bind(self, attention_layers) -> None:
         """Point each attention layer at its views of the pool."""
         for i, attn in enumerate(attention_layers):
-            k_cache = self.kv[0, i]
-            v_cache = self.kv[1, i].view(v_cache_shape(k_cache))
             if self.scales is None:
-                attn.bind_kv_cache(k_cache, v_cache)
+                attn.bind_kv_cache(self.kv[0, i], self.kv[1, i])
             else:
-                attn.bind_kv_cache(k_cache, v_cache, self.scales[0, i], self.scales[1, i])
+                attn.bind_kv_cache(self.kv[0, i], self.kv[1, i], self.scales[0, i], self.scales[1, i])
 
 
 def bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -48,8 +45,7 @@ def allocate_kv_cache(model_config: ModelConfig, num_blocks: int, block_size: in
     if num_blocks * block_size > MAX_SLOTS:
         raise ValueError(f"num_kv_blocks {num_blocks} x block_size {block_size} exceeds {MAX_SLOTS} cache slots")
     layers, heads = model_config.num_hidden_layers, model_config.num_key_value_heads
-    # Zeroed, not empty: padded CUDA-graph rows attend over block 0, and FP8 attention reads whole
-    # pages of V (kernels/kv_cache.py): every value must be finite.
+    # Zeroed, not empty: padded CUDA-graph rows attend over block 0, which must hold finite values.
     kv = torch.zeros(2, layers, num_blocks, block_size, heads, model_config.head_dim, dtype=dtype, device=device)
     # Head-major within a block: a kernel reading one head's tile reads its scales contiguously.
     scales = (torch.ones(2, layers, num_blocks, heads, block_size, dtype=torch.float32, device=device)

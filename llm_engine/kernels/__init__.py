@@ -1,6 +1,5 @@
 """Triton kernels of the engine's hot paths, each with a pure-torch `<name>_ref` of the same signature
 (apply_rotary_ref and write_kv_cache_ref are the two halves of rotary_and_write_kv_ref)."""
-from llm_engine.kernels._validate import v_cache_shape
 from llm_engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from llm_engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from llm_engine.kernels.kv_cache import (
@@ -11,8 +10,6 @@ from llm_engine.kernels.kv_cache import (
     gather_kv_ref,
     quantize_fp8_cache_ref,
     quantize_fp8_ref,
-    token_major_v,
-    v_cache_from_token_major,
     write_kv_cache_ref,
 )
 from llm_engine.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
@@ -39,8 +36,5 @@ __all__ = [
     "rotary_and_write_kv_ref",
     "silu_and_mul",
     "silu_and_mul_ref",
-    "token_major_v",
-    "v_cache_from_token_major",
-    "v_cache_shape",
     "write_kv_cache_ref",
 ]

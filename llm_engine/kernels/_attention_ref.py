@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from llm_engine.kernels.kv_cache import gather_kv_ref, token_major_v
+from llm_engine.kernels.kv_cache import gather_kv_ref
 
 
 def attend_paged_ref(
@@ -21,7 +21,7 @@ def attend_paged_ref(
     if num_queries > context_len:
         raise ValueError(f"a sequence has {num_queries} queries but context_len {context_len}")
     k = gather_kv_ref(k_cache, k_scale, block_table, context_len)
-    v = gather_kv_ref(token_major_v(v_cache), v_scale, block_table, context_len)
+    v = gather_kv_ref(v_cache, v_scale, block_table, context_len)
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)

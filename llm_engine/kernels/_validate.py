@@ -50,15 +50,6 @@ def expect_launchable(name: str, tensor: torch.Tensor, ref_name: str) -> None:
         )
 
 
-def v_cache_shape(k_cache: torch.Tensor) -> tuple[int, ...]:
-    """The V cache's shape beside a K cache [blocks, block_size, Hkv, D]: the same, except that an FP8
-    V cache is token-minor, [blocks, Hkv, D, block_size] (kv_cache.py says why)."""
-    blocks, block_size, heads, dim = k_cache.shape
-    if k_cache.dtype == torch.float8_e4m3fn:
-        return blocks, heads, dim, block_size
-    return tuple(k_cache.shape)
-
-
 def expect_kv_scales(
     k_cache: torch.Tensor,
     k_scale: torch.Tensor | None,
@@ -82,8 +73,8 @@ def expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
     """The shared contract of paged decode and prefill attention (q [T, Hq, D], paged caches)."""
     expect_ndim("q", q, 3, "[num_tokens, num_q_heads, head_dim]")
     expect_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    expect_shape("v_cache", v_cache, k_cache.shape)
     expect_dtype("v_cache", v_cache, (k_cache.dtype,))
-    expect_shape("v_cache", v_cache, v_cache_shape(k_cache))
     if k_cache.dtype != torch.float8_e4m3fn:
         expect_dtype("k_cache", k_cache, (q.dtype,))
     expect_dtype("q", q, (torch.float32, torch.float16, torch.bfloat16))

@@ -1,13 +1,9 @@
 """Paged KV cache: the reference writer and reader, FP8 quantization, and the per-token store that
 the fused rotary + KV-cache-write kernel (rotary_kv_cache.py) uses.
 
-Layout per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]; token slot =
-block_id * block_size + offset. FP8 (e4m3fn) caches carry float32 scales [num_blocks, num_kv_heads,
-block_size], one per (token, kv head), and their V is token-minor, [num_blocks, num_kv_heads,
-head_dim, block_size]: FP8 decode computes out^T = V^T @ P^T with e4m3 tensor-core dots, whose
-operands must be contiguous along the reduced dim, the tokens. An FP8 V holds finite values only
-(non-finite ones are written as 0): attention reads whole pages of it and gives the positions past
-a context probability 0, and 0 * v must be 0.
+Layout per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim];
+token slot = block_id * block_size + offset. FP8 (e4m3fn) caches carry float32 scales
+[num_blocks, block_size, num_kv_heads], one per (token, kv head).
 """
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from llm_engine.kernels._validate import (
     expect_last_dim_contiguous,
     expect_ndim,
     expect_shape,
-    v_cache_shape,
 )
 
 FP8_E4M3_MAX = 448.0
@@ -42,19 +37,9 @@ def dequantize_fp8_ref(values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
     return values.float() * scale[..., None]
 
 
-def token_major_v(v_cache: torch.Tensor) -> torch.Tensor:
-    """A V cache seen in K's layout [blocks, block_size, Hkv, D] (an FP8 one through a view)."""
-    return v_cache.permute(0, 3, 1, 2) if v_cache.dtype == torch.float8_e4m3fn else v_cache
-
-
-def v_cache_from_token_major(values: torch.Tensor) -> torch.Tensor:
-    """Values [blocks, block_size, Hkv, D] in the V cache's layout (an FP8 one as a token-minor copy)."""
-    return values.permute(0, 2, 3, 1).contiguous() if values.dtype == torch.float8_e4m3fn else values
-
-
 def quantize_fp8_cache_ref(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A filled cache [blocks, block_size, Hkv, D] -> (e4m3fn values in the same layout, float32
-    scales in the caches' [blocks, Hkv, block_size] layout)."""
+    """A filled cache [blocks, block_size, Hkv, D] -> (e4m3fn values, float32 scales in the cache's
+    [blocks, Hkv, block_size] layout)."""
     values, scale = quantize_fp8_ref(cache)
     return values, scale.transpose(1, 2).contiguous()
 
@@ -77,17 +62,15 @@ def write_kv_cache_ref(
     check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
-    v = torch.where(v[keep].isfinite(), v[keep], 0) if fp8 else v[keep]
-    for new, cache, scale in ((k[keep], k_cache, k_scale), (v, token_major_v(v_cache), v_scale)):
-        if fp8:
+    for new, cache, scale in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
+        flat = cache.view(-1, *cache.shape[2:])
+        if cache.dtype == torch.float8_e4m3fn:
             values, new_scale = quantize_fp8_ref(new)
             # index_put has no float8 kernel on every backend; the bytes are what matters.
-            cache.view(torch.uint8)[blocks, offsets] = values.view(torch.uint8)
-            scale[blocks, :, offsets] = new_scale  # [block, head, offset]
+            flat.view(torch.uint8)[slots] = values.view(torch.uint8)
+            scale[slots // cache.shape[1], :, slots % cache.shape[1]] = new_scale  # [block, head, offset]
         else:
-            cache[blocks, offsets] = new.to(cache.dtype)
+            flat[slots] = new.to(cache.dtype)
 
 
 def gather_kv_ref(
@@ -96,8 +79,7 @@ def gather_kv_ref(
     block_table: torch.Tensor,
     context_len: int,
 ) -> torch.Tensor:
-    """One sequence's first context_len cached tokens as float32 [context_len, Hkv, D], from a
-    cache in K's layout (a V cache through token_major_v)."""
+    """One sequence's first context_len cached tokens as float32 [context_len, Hkv, D]."""
     return gather_kv_batch_ref(cache, scale, block_table[None], context_len)[0]
 
 
@@ -107,8 +89,8 @@ def gather_kv_batch_ref(
     block_tables: torch.Tensor,
     length: int,
 ) -> torch.Tensor:
-    """The first `length` token slots of each block-table row as float32 [B, length, Hkv, D], from
-    a cache in K's layout (slots past a sequence's context hold whatever their block does)."""
+    """The first `length` token slots of each block-table row as float32 [B, length, Hkv, D]
+    (slots past a sequence's context hold whatever their block does)."""
     block_size = cache.shape[1]
     blocks = block_tables[:, : triton.cdiv(length, block_size)].long()
     # Gather bytes, not float8 values: index_select has no float8 kernel on every backend.
@@ -120,7 +102,7 @@ def gather_kv_batch_ref(
 
 
 @triton.jit
-def round_to_e4m3(y):
+def _round_to_e4m3(y):
     """Round float32 y (|y| <= 448) to the nearest e4m3 value, ties to even, in float32.
 
     The cast of an already representable value is exact everywhere; the interpreter's own
@@ -139,41 +121,32 @@ def round_to_e4m3(y):
 @triton.jit
 def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_head, num_kv_heads,
                       HALF_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      IS_FP8: tl.constexpr, TOKEN_MINOR: tl.constexpr):
+                      IS_FP8: tl.constexpr):
     """One token's kv heads, float32 halves [BLOCK_HEADS, HALF_DIM] of the head dim, into its cache
     slot: cast to the cache dtype, or for FP8 quantized per head (scale = amax / 448) with the
-    scale stored in the [block, kv head, offset] layout. TOKEN_MINOR (an FP8 V): into
-    [block, head, dim, offset], non-finite values as 0; else [block, offset, head, dim] by stride."""
+    scale stored in the [block, kv head, offset] layout."""
     heads = tl.arange(0, BLOCK_HEADS)
     dims = tl.arange(0, HALF_DIM)[None, :]
     head_mask = heads < num_kv_heads
     mask = head_mask[:, None]
-    if TOKEN_MINOR:
-        x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
-        x2 = tl.where(tl.abs(x2) < float("inf"), x2, 0.0)
-        head_rows = (slot // PAGE_SIZE) * num_kv_heads + heads[:, None]
-        dst = cache_ptr + head_rows * (2 * HALF_DIM * PAGE_SIZE) + dims * PAGE_SIZE + slot % PAGE_SIZE
-        second_half = HALF_DIM * PAGE_SIZE
-    else:
-        dst = cache_ptr + slot * stride_slot + heads[:, None] * stride_head + dims
-        second_half = HALF_DIM
+    dst = cache_ptr + slot * stride_slot + heads[:, None] * stride_head + dims
     if IS_FP8:
         amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
         # Correctly rounded divisions, so the bytes match quantize_fp8_ref exactly.
         scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-12)
-        x1 = round_to_e4m3(tl.clamp(tl.math.div_rn(x1, scale[:, None]), -448.0, 448.0))
-        x2 = round_to_e4m3(tl.clamp(tl.math.div_rn(x2, scale[:, None]), -448.0, 448.0))
+        x1 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x1, scale[:, None]), -448.0, 448.0))
+        x2 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x2, scale[:, None]), -448.0, 448.0))
         tl.store(scale_ptr + ((slot // PAGE_SIZE) * num_kv_heads + heads) * PAGE_SIZE + slot % PAGE_SIZE, scale,
                  mask=head_mask)
     tl.store(dst, x1.to(cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + second_half, x2.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF_DIM, x2.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 def check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
     expect_ndim("k", k, 3, "[num_tokens, num_kv_heads, head_dim]")
     expect_shape("v", v, k.shape)
     expect_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-    expect_shape("v_cache", v_cache, v_cache_shape(k_cache))
+    expect_shape("v_cache", v_cache, k_cache.shape)
     if tuple(k_cache.shape[2:]) != tuple(k.shape[1:]):
         raise ValueError(
             f"k_cache [num_kv_heads, head_dim] must be {tuple(k.shape[1:])}, got {tuple(k_cache.shape[2:])}"

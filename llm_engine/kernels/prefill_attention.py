@@ -67,7 +67,6 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    V_RUN: tl.constexpr,
     IS_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -112,12 +111,12 @@ def _prefill_kernel(
         # Every row sees KV position 0 in the first tile, so the running max is finite from then on.
         m_i, l_i, acc = _attend_kv_range(
             m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr,
-            0, unmasked_end, kv_head, num_kv_heads, stride_cache_token, stride_cache_head, qk_scale,
-            PAGE_SIZE, BLOCK_N, HEAD_DIM, V_RUN, False, IS_FP8, DOT_PRECISION)
+            0, unmasked_end, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, qk_scale,
+            PAGE_SIZE, BLOCK_N, False, IS_FP8, DOT_PRECISION)
         m_i, l_i, acc = _attend_kv_range(
             m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr,
-            unmasked_end, kv_end, kv_head, num_kv_heads, stride_cache_token, stride_cache_head, qk_scale,
-            PAGE_SIZE, BLOCK_N, HEAD_DIM, V_RUN, True, IS_FP8, DOT_PRECISION)
+            unmasked_end, kv_end, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, qk_scale,
+            PAGE_SIZE, BLOCK_N, True, IS_FP8, DOT_PRECISION)
 
         out = acc / l_i[:, None]
         out_offsets = (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
@@ -127,17 +126,17 @@ def _prefill_kernel(
 
 @triton.jit
 def _attend_kv_range(m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-                     block_table_row_ptr, kv_begin, kv_end, kv_head, num_kv_heads, stride_cache_token,
+                     block_table_row_ptr, kv_begin, kv_end, kv_head, num_kv_heads, dims, stride_cache_token,
                      stride_cache_head, qk_scale, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, V_RUN: tl.constexpr, CAUSAL_MASK: tl.constexpr, IS_FP8: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr):
+                     CAUSAL_MASK: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold the KV positions [kv_begin, kv_end) into the running softmax of one query tile;
     CAUSAL_MASK hides the positions past each row's own."""
     for tile_start in range(kv_begin, kv_end, BLOCK_N):
-        k, v, scale_offsets, token_mask = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, block_table_row_ptr, tile_start, kv_end, kv_head, num_kv_heads,
-            stride_cache_token, stride_cache_head, q, PAGE_SIZE, BLOCK_N, HEAD_DIM, V_RUN, IS_FP8)
         tokens = tile_start + tl.arange(0, BLOCK_N)
+        token_mask = tokens < kv_end
+        k, v, scale_offsets = load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask,
+                                           kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, q,
+                                           PAGE_SIZE)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if IS_FP8:
             k_scale = tl.load(k_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
@@ -193,7 +192,6 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=params["BLOCK_N"],
         BLOCK_B=prefill_batch_bucket(batch),
-        V_RUN=min(block_size, params["BLOCK_N"]),
         IS_FP8=is_fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,

@@ -69,14 +69,14 @@ def _rotary_and_write_kv_kernel(
         k1, k2 = rotate_heads(k_ptr + token * stride_kt, stride_kh, num_kv_heads, cos, sin, HALF_DIM,
                               BLOCK_KV_HEADS)
         store_token_heads(k1, k2, k_cache_ptr, k_scale_ptr, slot, stride_cache_slot, stride_cache_head,
-                          num_kv_heads, HALF_DIM, BLOCK_KV_HEADS, PAGE_SIZE, IS_FP8, False)
+                          num_kv_heads, HALF_DIM, BLOCK_KV_HEADS, PAGE_SIZE, IS_FP8)
         heads = tl.arange(0, BLOCK_KV_HEADS)[:, None]
         v_src = v_ptr + token * stride_vt + heads * stride_vh + dims
         v_mask = heads < num_kv_heads
         v1 = tl.load(v_src, mask=v_mask, other=0.0).to(tl.float32)
         v2 = tl.load(v_src + HALF_DIM, mask=v_mask, other=0.0).to(tl.float32)
         store_token_heads(v1, v2, v_cache_ptr, v_scale_ptr, slot, stride_cache_slot, stride_cache_head,
-                          num_kv_heads, HALF_DIM, BLOCK_KV_HEADS, PAGE_SIZE, IS_FP8, IS_FP8)
+                          num_kv_heads, HALF_DIM, BLOCK_KV_HEADS, PAGE_SIZE, IS_FP8)
 
 
 def rotary_and_write_kv(
