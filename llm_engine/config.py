@@ -28,8 +28,8 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False             # True: no CUDA graphs
     # Steps with prefill chunks of up to this many tokens replay piecewise CUDA graphs, attention
-    # launched between them (piecewise_graphs.py); 0: such steps run eagerly. Not yet measured on a
-    # GPU, hence off by default.
+    # launched between them (piecewise_graphs.py); 0: such steps run eagerly. Off by default: on the
+    # H200 it saves host time per step, but workload (b)'s steps are bound by the GPU (benchmarks.md).
     piecewise_graph_max_tokens: int = 0
     max_waiting: int | None = 1024          # bound of the waiting queue; None: unbounded
     tensor_parallel_size: int = 1           # processes (GPUs from `device` on) the model is split over
