@@ -16,6 +16,8 @@ Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, 
     python scripts/bench_kernels.py --json /tmp/kernels.json --record docs/benchmarks.md
     python scripts/bench_kernels.py --sweep --cases decode,decode_32k   # best launch configs
     python scripts/bench_kernels.py --smoke                              # CPU interpreter, checks only
+    ncu --clock-control none -k regex:_decode_split_kernel --set full -o /tmp/decode \
+        python scripts/bench_kernels.py --cases decode_serving --launches 1  # each kernel under a profiler
 """
 from __future__ import annotations
 
@@ -399,11 +401,14 @@ def main() -> int:
     parser.add_argument("--record", type=Path, help="append the table to this markdown file")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU, Triton interpreter, tiny shapes: reference checks only, no timing")
+    parser.add_argument("--launches", type=int, default=0, metavar="N",
+                        help="after its check, launch each case's kernel N more times and time nothing (to "
+                             "run under a profiler such as Nsight Compute, which then sees N + 1 launches)")
     args = parser.parse_args()
     if args.reps < 20:
         parser.error("--reps must be >= 20")
-    if args.smoke and (args.json or args.record):
-        parser.error("--smoke measures nothing to write")
+    if (args.smoke or args.launches) and (args.json or args.record or args.sweep):
+        parser.error("--smoke and --launches measure nothing to write or sweep")
     if not args.smoke and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU; --smoke runs the checks on the CPU")
 
@@ -413,7 +418,7 @@ def main() -> int:
     unknown = set(names) - set(builders)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}")
-    limits = None if args.smoke else measure_limits(args.reps)
+    limits = None if args.smoke or args.launches else measure_limits(args.reps)
     if limits:
         print(f"limits: copy {limits.bandwidth / 1e9:,.0f} GB/s, bf16 matmul {limits.tflops:.0f} TFLOP/s", flush=True)
 
@@ -422,6 +427,8 @@ def main() -> int:
         for bench in builders[name]():
             bench.check(bench.call())
             checks += 1
+            for _ in range(args.launches):
+                bench.call()
             if limits:
                 rows.append(measure(bench, limits, args.reps))
                 print(fmt_row(rows[-1]), flush=True)
@@ -441,6 +448,10 @@ def main() -> int:
     if args.smoke:
         print(f"smoke: {checks} reference checks passed, {num_wrong} failed (TRITON_INTERPRET=1, CPU); no timing")
         return int(num_wrong > 0)
+    if args.launches:
+        torch.cuda.synchronize()
+        print(f"launches: {checks} cases checked and launched {args.launches} more times each; no timing")
+        return 0
 
     rows += speedup_rows(rows)
     limits_line = (f"Limits measured in this run: device-to-device copy of 4 GiB {limits.bandwidth / 1e9:,.0f} GB/s "
