@@ -136,7 +136,7 @@ def profile(args, start: int, end: int) -> int:
             t0 = time.perf_counter()
         engine.step()
         in_flight = engine._in_flight  # the step this call launched (async scheduling)
-        launched = in_flight.batch if in_flight is not None else None if engine._in_flight is not None else None
+        launched = in_flight.batch if in_flight is not None else None
         if step >= start and launched is not None:
             decode_context = sum(s.num_computed_tokens + 1 for s, n in zip(launched.seqs, launched.num_new_tokens)
                                  if n == 1)
