@@ -122,9 +122,8 @@ def expect_close(case, actual, expected, atol=2e-2, rtol=2e-2):
 
 
 def to_paged(gen, block_size, *dense):
-    """Dense [B, S, Hkv, D] tensors -> their caches in K's layout [num_blocks, block_size, Hkv, D]
-    and one shared block table [B, cdiv(S, block_size)], blocks shuffled as a long-running engine
-    leaves them."""
+    """Dense [B, S, Hkv, D] tensors -> their caches [num_blocks, block_size, Hkv, D] and one shared
+    block table [B, cdiv(S, block_size)], blocks shuffled as a long-running engine leaves them."""
     batch, seq, heads, dim = dense[0].shape
     per_seq = triton.cdiv(seq, block_size)
     order = torch.randperm(batch * per_seq, generator=gen, device=gen.device)
@@ -392,8 +391,8 @@ def fmt_row(r: Row) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default="all", help="comma-separated names, or all: "
-                        "decode, decode_32k, decode_serving, prefill_8k, prefill_4x2k, rotary_write_kv, rms_norm, silu")
+    parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
+                        "decode_serving, prefill_8k, prefill_4x2k, rotary_write_kv, rms_norm, silu")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
@@ -407,8 +406,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.reps < 20:
         parser.error("--reps must be >= 20")
-    if (args.smoke or args.launches) and (args.json or args.record or args.sweep):
-        parser.error("--smoke and --launches measure nothing to write or sweep")
+    if args.smoke and (args.json or args.record):
+        parser.error("--smoke measures nothing to write")
+    if args.launches and (args.json or args.record or args.sweep):
+        parser.error("--launches times nothing, so there is nothing to write or sweep")
     if not args.smoke and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU; --smoke runs the checks on the CPU")
 
