@@ -117,7 +117,8 @@ def profile(args, start: int, end: int) -> int:
     shapes, wall = [], {}
     totals = instrument(engine)
     python_prof = cProfile.Profile()
-    activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU
+    activities = torch.profiler.ProfilerActivity
+    activity = activities.CUDA if torch.cuda.is_available() else activities.CPU
     prof = torch.profiler.profile(activities=[activity])
     step = 0
     while engine.has_unfinished_requests() and step < end:
@@ -179,7 +180,8 @@ def profile(args, start: int, end: int) -> int:
           f" ms; device busy {busy / 1e3:.2f} ms per step; decode attention reads {kv_bytes / 1e9:.2f} GB per step"
           + (f" ({kv_bytes / decode_us / 1e3:,.0f} GB/s)" if decode_us else ""))
     print("CUDA caching allocator over the profiled window: " + ", ".join(f"{k} {v}" for k, v in allocator.items()))
-    print(f"host per step, unprofiled{' (under cProfile)' if args.cprofile else ''}: " + ", ".join(f"{p} {1e3 * host[p] / n:.2f}" for p in PHASES)
+    print(f"host per step, unprofiled{' (under cProfile)' if args.cprofile else ''}: "
+          + ", ".join(f"{p} {1e3 * host[p] / n:.2f}" for p in PHASES)
           + f", other {1e3 * (wall['unprofiled'] - sum(host.values())) / n:.2f} ms")
     print("| kernel | ms per step | launches per step | share of busy |\n|---|---|---|---|")
     for name, us, count in rows[:args.top]:
