@@ -9,9 +9,9 @@ CUDA graph per token bucket, and only attention launches from Python between the
 
 Every tensor that crosses from one piece to the next sits in a static buffer sized for the largest
 bucket: the step's token ids, positions and cache slots (padded to its bucket: padded tokens write
-no KV, their rows are ignored), the residual stream, the rotated q, the
-attention output and the final hidden states. A piece's own intermediates come from one memory
-pool that every graph shares: no graph reads another's, and they run one at a time.
+no KV, their rows are ignored), the residual stream, the rotated q, the attention output and the
+final hidden states. A piece's own intermediates come from one memory pool that every graph
+shares (the decode graphs' too): no graph reads another's, and they run one at a time.
 """
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ class PiecewiseGraphs:
             replay()
         return self._hidden[:num_tokens]
 
-    def capture(self, pool=None):
-        """Record every bucket's pieces (largest bucket first) into `pool` (None: a new one);
-        returns the pool. Placeholder inputs: token 0 at position 0, no KV written."""
+    def capture(self, pool=None) -> None:
+        """Record every bucket's pieces (largest bucket first) into `pool` (None: a new one).
+        Placeholder inputs: token 0 at position 0, no KV written."""
         for size in reversed(self.sizes):
             ids, positions, slots = self._input_views(size)
             ids.zero_()
@@ -95,7 +95,6 @@ class PiecewiseGraphs:
                 graphs.append(graph)
             self._graphs[size] = graphs
         torch.cuda.synchronize(self._q.device)
-        return pool
 
     def _input_views(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._inputs[0, :size], self._inputs[1, :size], self._inputs[2, :size]

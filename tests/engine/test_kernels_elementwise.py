@@ -55,7 +55,8 @@ def test_rms_norm_matches_ref(gen, device, dtype, num_tokens, hidden_size, with_
 
 @pytest.mark.parametrize("op", [rms_norm, rms_norm_ref])
 def test_rms_norm_writes_into_a_given_output(gen, device, op):
-    x, weight, residual = (randn(gen, *shape, dtype=torch.float32, device=device) for shape in ((6, 64), (64,), (6, 64)))
+    x, weight, residual = (randn(gen, *shape, dtype=torch.float32, device=device)
+                           for shape in ((6, 64), (64,), (6, 64)))
     buffer = torch.zeros(8, 64, device=device)
     out, res = op(x, weight, 1e-6, residual.clone(), out=buffer[1:7])
     assert out.data_ptr() == buffer[1].data_ptr()

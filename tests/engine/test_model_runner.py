@@ -88,7 +88,6 @@ def test_graph_step_inputs_replayed_on_cpu(tiny_checkpoints):
     assert not after_graph[:, :, 0].any()  # the padded row wrote no KV
 
 
-
 def mixed_step(runner, prompt_lens=(7, 30, 12), decoded=2):
     """Sequences in blocks 1.. (block 0 stays free: a padded token's KV write would show there):
     the first `decoded` prefilled (by `runner`) and one token further, the rest in a prefill chunk."""
@@ -122,6 +121,7 @@ def test_piecewise_step_on_cpu_matches_the_plain_forward(tiny_checkpoints, name)
     assert runner.execute(ScheduledBatch(seqs[:1], [1], [True])).shape == (1, runner.vocab_size)  # decode-only
     large = [seq_with_blocks(range(150), range(10)) for _ in range(2)]  # 300 tokens: past the last bucket
     assert runner.prepare_step(ScheduledBatch(large, [150, 150], [True, True]), graphs=True)[1].piecewise_tokens == 0
+
 
 @needs_cuda
 def test_kv_pool_is_sized_from_free_gpu_memory(tiny_checkpoints):
