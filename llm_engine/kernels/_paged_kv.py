@@ -1,5 +1,5 @@
-"""What the decode and prefill attention kernels share: the query's dot dtype, the KV tile load, the
-online-softmax step."""
+"""What the decode and prefill attention kernels share: the query's dot dtype, and one KV tile folded
+into a running softmax (its load through the block table included)."""
 from __future__ import annotations
 
 import triton
@@ -19,33 +19,52 @@ def dot_operand(q, UPCAST_DOT: tl.constexpr, FP8_AS_FP16: tl.constexpr):
 
 
 @triton.jit
-def load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask, kv_head, num_kv_heads, dims,
-                 stride_cache_token, stride_cache_head, q, PAGE_SIZE: tl.constexpr):
-    """K and V of `tokens` (positions in one sequence) for one kv head, through its block table,
-    in q's dtype; also the offsets of their FP8 scales ([block, kv head, offset] layout: one
-    head's scales of a block are contiguous, so a tile reads them in whole sectors)."""
-    block_ids = tl.load(block_table_row_ptr + tokens // PAGE_SIZE, mask=token_mask, other=0).to(tl.int64)
-    offsets = tokens % PAGE_SIZE
+def attend_kv_tile(m_i, l_i, acc, q, qk_scale, tile_start, kv_end, q_positions, k_cache_ptr, v_cache_ptr,
+                   k_scale_ptr, v_scale_ptr, block_table_row_ptr, kv_head, num_kv_heads, stride_cache_token,
+                   stride_cache_head, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_TOKENS: tl.constexpr,
+                   CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold the KV positions tile_start .. tile_start + BLOCK_N - 1 of one sequence's kv head into the
+    running (max, sum, accumulator) of q's rows, in log2 units.
+
+    MASK_TOKENS: the tile may reach past kv_end, whose positions are hidden (off: every position is
+    below it). CAUSAL: row r sees no position past q_positions[r] (< kv_end). A hidden position
+    reads position kv_end - 1 instead: every load stays in bounds without a mask (a masked load
+    costs a predicate per access), and only the scores are masked. FP8 scales ([block, kv head,
+    offset]: one head's scales of a block are contiguous) are applied to the scores and the
+    probabilities, outside the dots.
+    """
+    tokens = tile_start + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, q.shape[1])
+    loaded = tl.minimum(tokens, kv_end - 1) if MASK_TOKENS or CAUSAL else tokens
+    block_ids = tl.load(block_table_row_ptr + loaded // PAGE_SIZE).to(tl.int64)
+    offsets = loaded % PAGE_SIZE
     slots = block_ids * PAGE_SIZE + offsets
-    scale_offsets = (block_ids * num_kv_heads + kv_head) * PAGE_SIZE + offsets
-    kv_offsets = slots[:, None] * stride_cache_token + kv_head * stride_cache_head + dims[None, :]
-    # e4m3 values are exact in q's dtype; FP8 scales are applied after the dots.
-    k = tl.load(k_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
-    v = tl.load(v_cache_ptr + kv_offsets, mask=token_mask[:, None], other=0.0).to(q.dtype)
-    return k, v, scale_offsets
-
-
-@triton.jit
-def online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask, q,
-                        IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold one tile's masked, scaled log2-domain scores and its V into the running
-    (max, sum, accumulator); FP8 V scales are applied to the probabilities."""
-    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    rows = slots[:, None] * stride_cache_token + kv_head * stride_cache_head
+    # e4m3 values are exact in q's dtype.
+    k = tl.load(k_cache_ptr + rows + dims[None, :]).to(q.dtype)
+    v = tl.load(v_cache_ptr + rows + dims[None, :]).to(q.dtype)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if IS_FP8:
+        scale_offsets = (block_ids * num_kv_heads + kv_head) * PAGE_SIZE + offsets
+        k_scale = tl.load(k_scale_ptr + scale_offsets)
+        scores = scores * (k_scale * qk_scale)[None, :]
+    if MASK_TOKENS:
+        scores = tl.where(tokens[None, :] < kv_end, scores, float("-inf"))
+    if CAUSAL:
+        scores = tl.where(tokens[None, :] <= q_positions[:, None], scores, float("-inf"))
+    if IS_FP8:
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        p = tl.exp2(scores - m_new[:, None])
+    else:
+        # qk_scale > 0, so the row max is taken before the multiply, which then fuses with the
+        # subtraction of the max into one instruction.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1) * qk_scale)
+        p = tl.exp2(scores * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IS_FP8:
-        v_scale = tl.load(v_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
+        v_scale = tl.load(v_scale_ptr + scale_offsets)
         p = p * v_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_engine.kernels._paged_kv import dot_operand, load_kv_tile, online_softmax_step
+from llm_engine.kernels._paged_kv import attend_kv_tile, dot_operand
 from llm_engine.kernels._validate import (
     expect_launchable,
     expect_paged_attention_args,
@@ -114,19 +114,12 @@ def _decode_split_kernel(
         m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+        block_table_row_ptr = block_tables_ptr + seq * stride_bt
         for tile_start in range(split_start, split_end, BLOCK_N):
-            tokens = tile_start + tl.arange(0, BLOCK_N)
-            token_mask = tokens < split_end
-            k, v, scale_offsets = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, tokens,
-                                               token_mask, kv_head, num_kv_heads, dims, stride_cache_token,
-                                               stride_cache_head, q, PAGE_SIZE)
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            if IS_FP8:
-                k_scale = tl.load(k_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
-                scores = scores * k_scale[None, :]
-            scores = tl.where(token_mask[None, :], scores * qk_scale, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask,
-                                                q, IS_FP8, DOT_PRECISION)
+            m_i, l_i, acc = attend_kv_tile(
+                m_i, l_i, acc, q, qk_scale, tile_start, split_end, None, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                v_scale_ptr, block_table_row_ptr, kv_head, num_kv_heads, stride_cache_token, stride_cache_head,
+                PAGE_SIZE, BLOCK_N, True, False, IS_FP8, DOT_PRECISION)
 
         acc = acc / l_i[:, None]
         if num_active == 1:
@@ -240,6 +233,8 @@ def paged_decode_attention(
         FP8_AS_FP16=is_fp8 and q.dtype == torch.bfloat16,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
+        # A register cap (data: launch_configs) that buys a resident block per SM at no spill.
+        maxnreg=params["maxnreg"],
     )
     return out
 

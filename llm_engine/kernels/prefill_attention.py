@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._attention_ref import attend_paged_ref
-from llm_engine.kernels._paged_kv import dot_operand, load_kv_tile, online_softmax_step
+from llm_engine.kernels._paged_kv import attend_kv_tile, dot_operand
 from llm_engine.kernels._validate import (
     expect_dtype,
     expect_launchable,
@@ -88,8 +88,10 @@ def _prefill_kernel(
     seq = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
     if seq < batch:
         first_tile = tl.sum(tl.where(seqs == seq, tiles_end - tiles_per_seq, 0), axis=0)
-        q_begin = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
-        num_queries = tl.load(cu_seqlens_ptr + seq + 1) - q_begin
+        q_begin = tl.load(cu_seqlens_ptr + seq)
+        # Positions in 32 bits (the causal mask compares one per score); q_begin addresses in 64.
+        num_queries = (tl.load(cu_seqlens_ptr + seq + 1) - q_begin).to(tl.int32)
+        q_begin = q_begin.to(tl.int64)
         context_len = tl.load(context_lens_ptr + seq)
         rows = (tile - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = (rows < num_queries)[:, None]
@@ -109,45 +111,21 @@ def _prefill_kernel(
         unmasked_end = (first_position + 1) // BLOCK_N * BLOCK_N
         block_table_row_ptr = block_tables_ptr + seq * stride_bt
         # Every row sees KV position 0 in the first tile, so the running max is finite from then on.
-        m_i, l_i, acc = _attend_kv_range(
-            m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr,
-            0, unmasked_end, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, qk_scale,
-            PAGE_SIZE, BLOCK_N, False, IS_FP8, DOT_PRECISION)
-        m_i, l_i, acc = _attend_kv_range(
-            m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr,
-            unmasked_end, kv_end, kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, qk_scale,
-            PAGE_SIZE, BLOCK_N, True, IS_FP8, DOT_PRECISION)
+        for tile_start in range(0, unmasked_end, BLOCK_N):
+            m_i, l_i, acc = attend_kv_tile(
+                m_i, l_i, acc, q, qk_scale, tile_start, kv_end, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                v_scale_ptr, block_table_row_ptr, kv_head, num_kv_heads, stride_cache_token, stride_cache_head,
+                PAGE_SIZE, BLOCK_N, False, False, IS_FP8, DOT_PRECISION)
+        for tile_start in range(unmasked_end, kv_end, BLOCK_N):
+            m_i, l_i, acc = attend_kv_tile(
+                m_i, l_i, acc, q, qk_scale, tile_start, kv_end, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                v_scale_ptr, block_table_row_ptr, kv_head, num_kv_heads, stride_cache_token, stride_cache_head,
+                PAGE_SIZE, BLOCK_N, False, True, IS_FP8, DOT_PRECISION)
 
         out = acc / l_i[:, None]
         out_offsets = (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
-
-
-@triton.jit
-def _attend_kv_range(m_i, l_i, acc, q, q_positions, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-                     block_table_row_ptr, kv_begin, kv_end, kv_head, num_kv_heads, dims, stride_cache_token,
-                     stride_cache_head, qk_scale, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL_MASK: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold the KV positions [kv_begin, kv_end) into the running softmax of one query tile;
-    CAUSAL_MASK hides the positions past each row's own."""
-    for tile_start in range(kv_begin, kv_end, BLOCK_N):
-        tokens = tile_start + tl.arange(0, BLOCK_N)
-        token_mask = tokens < kv_end
-        k, v, scale_offsets = load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_row_ptr, tokens, token_mask,
-                                           kv_head, num_kv_heads, dims, stride_cache_token, stride_cache_head, q,
-                                           PAGE_SIZE)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if IS_FP8:
-            k_scale = tl.load(k_scale_ptr + scale_offsets, mask=token_mask, other=0.0)
-            scores = scores * k_scale[None, :]
-        scores = scores * qk_scale
-        if CAUSAL_MASK:
-            visible = token_mask[None, :] & (tokens[None, :] <= q_positions[:, None])
-            scores = tl.where(visible, scores, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, v_scale_ptr, scale_offsets, token_mask, q,
-                                            IS_FP8, DOT_PRECISION)
-    return m_i, l_i, acc
 
 
 def paged_prefill_attention(
