@@ -29,6 +29,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -51,7 +52,9 @@ from llm_engine.layers.rotary_embedding import compute_cos_sin_cache  # noqa: E4
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients"))
 from ragstack.provenance import source_commit  # noqa: E402
-WARMUP = 3
+# Seconds of back-to-back launches before timing: an idle GPU (while a kernel compiles) runs at
+# lower clocks until it has been busy for a while.
+WARMUP_S = 0.2
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
 
@@ -312,8 +315,12 @@ def time_us(fn, reps: int, graph: bool = True) -> float:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph asks
-        for _ in range(WARMUP):
+        deadline = time.perf_counter() + WARMUP_S
+        while True:
             fn()
+            torch.cuda.synchronize()
+            if time.perf_counter() > deadline:
+                break
     torch.cuda.current_stream().wait_stream(side)
     if graph:
         captured = torch.cuda.CUDAGraph()
@@ -343,11 +350,7 @@ def measure_limits(reps: int) -> Limits:
 
 
 def measure(bench: Bench, limits: Limits, reps: int) -> Row:
-    # Timed twice, the second kept: on the H200 a case's first timing has run up to 13% slower
-    # than the same launch timed again (2026-12-03; cause not found).
-    first, us = time_us(bench.call, reps), time_us(bench.call, reps)
-    if abs(first - us) > 0.03 * us:
-        print(f"  {bench.case}: first timing {first:,.1f} us, second {us:,.1f} us (kept)", flush=True)
+    us = time_us(bench.call, reps)
     if bench.flops:
         achieved, unit, limit = bench.flops / us / 1e6, "TFLOP/s", limits.tflops
     else:
