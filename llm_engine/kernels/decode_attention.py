@@ -233,7 +233,8 @@ def paged_decode_attention(
         FP8_AS_FP16=is_fp8 and q.dtype == torch.bfloat16,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
-        # A register cap (data: launch_configs) that buys a resident block per SM at no spill.
+        # A register cap (data: launch_configs) that buys a resident block per SM; whether it spills
+        # depends on the Triton version (scripts/kernel_report.py tells, on the CPU).
         maxnreg=params["maxnreg"],
     )
     return out

@@ -1,4 +1,4 @@
-"""Per-GPU launch parameters (block sizes, warps, stages, split heuristics) read from JSON data.
+"""Per-GPU launch parameters (block sizes, warps, stages, register caps, split heuristics) read from JSON data.
 
 `launch_configs/<family>.json` is used when <family> (the file stem) appears in the lower-cased
 CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/interpreter runs,

@@ -1,0 +1,170 @@
+"""What the compiler makes of an attention kernel for a GPU, without the GPU: registers, spills, shared
+memory and the instruction mix of its loops, from Triton's own ptxas and cuobjdump on this CPU.
+
+The kernel is launched through its public wrapper on CPU tensors with the launch intercepted, so its
+signature, specialisation and launch parameters (launch_configs/<family>.json, then --launch) are the
+ones the engine would use on that GPU. Registers decide occupancy: an SM holds 65,536, so a
+128-thread block of FP8 decode at 168 registers fits 3 times, at 128 (its maxnreg) 4 times.
+Numbers match the GPU's only with its Triton version (the lent H200 runs 3.6.0): run this from a
+venv holding that version, torch and the engine's requirements.
+
+    python scripts/kernel_report.py --kernel decode --kv-dtype fp8
+    python scripts/kernel_report.py --kernel prefill --launch '{"BLOCK_N": 64, "num_stages": 2}' --sass /tmp/p.sass
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("kernel_report compiles kernels: unset TRITON_INTERPRET")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llm_engine.kernels import decode_attention, launch_config, prefill_attention  # noqa: E402
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8e4nv",
+         torch.int32: "i32", torch.int64: "i64"}
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+# Llama-3-8B's attention, as in bench_kernels.py.
+Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+
+
+class Launch:
+    """Stands in for a @triton.jit kernel in its module: records kernel[grid](*args, **kwargs)."""
+
+    def __init__(self):
+        self.args = self.kwargs = None
+
+    def __getitem__(self, grid):
+        def record(*args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+        return record
+
+
+def intercept(module, kernel_name: str, call) -> tuple[triton.runtime.JITFunction, tuple, dict]:
+    kernel, launch = getattr(module, kernel_name), Launch()
+    setattr(module, kernel_name, launch)
+    # Compiled kernels refuse CPU tensors; here nothing runs.
+    checked, module.expect_launchable = module.expect_launchable, lambda *args: None
+    try:
+        call()
+    finally:
+        setattr(module, kernel_name, kernel)
+        module.expect_launchable = checked
+    return kernel, launch.args, launch.kwargs
+
+
+def paged_inputs(batch: int, context: int, kv_dtype: torch.dtype):
+    blocks = batch * triton.cdiv(context, BLOCK_SIZE)
+    cache = [torch.zeros(blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=kv_dtype) for _ in range(2)]
+    scales = [torch.ones(blocks, KV_HEADS, BLOCK_SIZE) for _ in range(2)] if kv_dtype == torch.float8_e4m3fn \
+        else [None, None]
+    tables = torch.arange(blocks, dtype=torch.int32).view(batch, -1)
+    return cache, scales, tables, torch.full((batch,), context, dtype=torch.int32)
+
+
+def launch_of(kernel: str, kv_dtype: torch.dtype):
+    """The kernel and its launch's arguments: decode at workload (b)'s shape, prefill of one 8k prompt."""
+    if kernel == "decode":
+        (k, v), (ks, vs), tables, lens = paged_inputs(512, 777, kv_dtype)
+        q = torch.zeros(512, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+        return intercept(decode_attention, "_decode_split_kernel",
+                         lambda: decode_attention.paged_decode_attention(q, k, v, tables, lens, 0.1, ks, vs))
+    (k, v), (ks, vs), tables, lens = paged_inputs(1, 8192, kv_dtype)
+    q = torch.zeros(8192, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    cu_seqlens = torch.tensor([0, 8192], dtype=torch.int32)
+    return intercept(prefill_attention, "_prefill_kernel",
+                     lambda: prefill_attention.paged_prefill_attention(q, k, v, tables, cu_seqlens, lens, 0.1, ks, vs))
+
+
+def compile_for(kernel, args: tuple, kwargs: dict, arch: int):
+    """triton.compile with the signature and specialisation a real launch of these arguments gets."""
+    options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages", "maxnreg") if key in kwargs}
+    bound = dict(zip(kernel.arg_names, args)) | kwargs
+    signature, constants, attrs = {}, {}, {}
+    for i, (name, param) in enumerate(zip(kernel.arg_names, kernel.params)):
+        value = bound[name]
+        if param.is_constexpr:
+            signature[name], constants[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TYPES[value.dtype]
+            if not param.do_not_specialize_on_alignment:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value == 1 and not param.do_not_specialize:
+            signature[name], constants[name] = "constexpr", 1
+        else:
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0 and not (param.do_not_specialize or param.do_not_specialize_on_alignment):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(kernel, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def loops(sass: str) -> list[collections.Counter]:
+    """Instruction counts of each loop (a backward branch and what it jumps over), in code order."""
+    code = [(int(m[1], 16), m[2].strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    found = []
+    for address, text in code:
+        target = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
+        if target and int(target[1], 16) < address:
+            body = [t for a, t in code if int(target[1], 16) <= a <= address]
+            found.append(collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=("decode", "prefill"), default="decode")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
+    parser.add_argument("--family", default="h200", help="launch_configs/<family>.json (default: h200)")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: Hopper)")
+    parser.add_argument("--launch", type=json.loads, default={}, help="launch parameters over the family's")
+    parser.add_argument("--sass", type=Path, help="also write the SASS here")
+    args = parser.parse_args()
+    if not (launch_config.CONFIG_DIR / f"{args.family}.json").exists():
+        parser.error(f"no launch_configs/{args.family}.json")
+    # The wrappers read the launch config of the device they run on: this one has no GPU.
+    launch_config._device_family = lambda device: args.family
+    kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
+    section = f"paged_{args.kernel}_attention"
+    with launch_config.override_launch_params(section, **args.launch):
+        kernel, call_args, call_kwargs = launch_of(args.kernel, kv_dtype)
+    compiled = compile_for(kernel, call_args, dict(call_kwargs), args.arch)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([TOOLS / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([TOOLS / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    if args.sass:
+        args.sass.write_text(sass)
+    resources = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    launched = {key: call_kwargs[key] for key in ("num_warps", "num_stages", "maxnreg") if key in call_kwargs}
+    constants = {key: value for key, value in call_kwargs.items() if key.isupper()}
+    print(f"{kernel.__name__}, {args.kv_dtype} KV, sm_{args.arch}, Triton {triton.__version__}, "
+          f"launch_configs/{args.family}.json{' + ' + json.dumps(args.launch) if args.launch else ''}")
+    print(f"  launch {json.dumps(launched)}; constants {json.dumps(constants)}")
+    print(f"  registers {resources['REG']}, stack {resources['STACK']} bytes (spills), shared memory "
+          f"{compiled.metadata.shared:,} bytes")
+    for i, counts in enumerate(loops(sass)):
+        top = ", ".join(f"{op} {n}" for op, n in counts.most_common(10))
+        print(f"  loop {i + 1}: {sum(counts.values())} instructions; {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

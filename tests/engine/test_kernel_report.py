@@ -1,0 +1,40 @@
+"""scripts/kernel_report.py: the attention kernels compiled for sm_90 on this CPU (no GPU), with the
+launch parameters the engine would use there."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_report.py"
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    # This suite runs kernels in the interpreter (tests/engine/conftest.py); the report compiles them.
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_fp8_decode_compiles_under_the_h200_register_cap():
+    result = report("--kernel", "decode", "--kv-dtype", "fp8")
+    assert result.returncode == 0, result.stderr
+    assert '"maxnreg": 128' in result.stdout and '"IS_FP8": true' in result.stdout
+    assert int(re.search(r"registers (\d+)", result.stdout)[1]) <= 128
+    assert re.search(r"loop 1: \d+ instructions; .*HMMA", result.stdout)
+
+
+def test_prefill_report_takes_launch_overrides(tmp_path):
+    sass = tmp_path / "prefill.sass"
+    result = report("--kernel", "prefill", "--launch", '{"BLOCK_M": 64, "num_warps": 4}', "--sass", str(sass))
+    assert result.returncode == 0, result.stderr
+    assert '"num_warps": 4' in result.stdout and '"BLOCK_M": 64' in result.stdout
+    assert "HGMMA" in sass.read_text()  # Hopper's warpgroup MMA for the 64-row tiles
+
+
+def test_unknown_family_and_interpreter_are_refused():
+    assert report("--family", "a100").returncode == 2
+    env_run = subprocess.run([sys.executable, str(SCRIPT)], env={**os.environ, "TRITON_INTERPRET": "1"},
+                             capture_output=True, text=True, timeout=60)
+    assert env_run.returncode == 1 and "unset TRITON_INTERPRET" in env_run.stderr
