@@ -67,4 +67,3 @@ def attend_kv_tile(m_i, l_i, acc, q, qk_scale, tile_start, kv_end, q_positions, 
         p = p * v_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
-

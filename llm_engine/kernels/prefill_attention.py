@@ -127,7 +127,6 @@ def _prefill_kernel(
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
-
 def paged_prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
