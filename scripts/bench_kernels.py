@@ -317,7 +317,8 @@ def time_us(fn, reps: int, graph: bool = True, warmup_s: float = WARMUP_S) -> fl
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph asks
         deadline = time.perf_counter() + warmup_s
         while True:
-            fn()
+            for _ in range(8):  # launches queued back to back; the clock read between batches
+                fn()
             torch.cuda.synchronize()
             if time.perf_counter() > deadline:
                 break
@@ -353,6 +354,7 @@ def measure(bench: Bench, limits: Limits, reps: int) -> Row:
     # Timed twice, the second kept. On the H200 the first timing of a freshly built case ran 13-15%
     # slow, whatever its warm-up (bf16 decode at 32k: 567 then 495 and 496 us, after a 1 s warm-up;
     # 2026-12-03; cause not found), and the engine's decode attention runs at the second's speed.
+    # A sweep's candidates are timed after this, so none of them is a case's first timing.
     first, us = time_us(bench.call, reps), time_us(bench.call, reps)
     if abs(first - us) > 0.03 * us:
         print(f"  {bench.case}: first timing {first:,.1f} us, second {us:,.1f} us (kept)", flush=True)

@@ -26,11 +26,13 @@ def attend_kv_tile(m_i, l_i, acc, q, qk_scale, tile_start, kv_end, q_positions, 
     """Fold the KV positions tile_start .. tile_start + BLOCK_N - 1 of one sequence's kv head into the
     running (max, sum, accumulator) of q's rows, in log2 units.
 
-    MASK_TOKENS: the tile may reach past kv_end, whose positions are hidden (off: every position is
-    below it). CAUSAL: row r sees no position past q_positions[r] (< kv_end). A hidden position
-    reads position kv_end - 1 instead: every load stays in bounds without a mask (a masked load
-    costs a predicate per access), and only the scores are masked. FP8 scales ([block, kv head,
-    offset]: one head's scales of a block are contiguous) are applied to the scores and the
+    MASK_TOKENS: positions from kv_end on are hidden (off: the caller knows the tile ends below
+    kv_end, or CAUSAL hides them). CAUSAL: row r sees no position past q_positions[r], which is
+    below kv_end for every row that is stored (a padding row past the queries sees copies of
+    position kv_end - 1, and is never stored). A position from kv_end on loads position
+    kv_end - 1 instead: every load stays in bounds without a mask (a masked load costs a
+    predicate per access), and only the scores are masked. FP8 scales ([block, kv head, offset]:
+    one head's scales of a block are contiguous) are applied to the scores and the
     probabilities, outside the dots.
     """
     tokens = tile_start + tl.arange(0, BLOCK_N)
@@ -56,8 +58,8 @@ def attend_kv_tile(m_i, l_i, acc, q, qk_scale, tile_start, kv_end, q_positions, 
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         p = tl.exp2(scores - m_new[:, None])
     else:
-        # qk_scale > 0, so the row max is taken before the multiply, which then fuses with the
-        # subtraction of the max into one instruction.
+        # qk_scale > 0 (the wrappers check), so the row max is taken before the multiply, which
+        # then fuses with the subtraction of the max into one FFMA (Triton's default fp fusion).
         m_new = tl.maximum(m_i, tl.max(scores, axis=1) * qk_scale)
         p = tl.exp2(scores * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)

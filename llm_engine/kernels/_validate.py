@@ -69,8 +69,11 @@ def expect_kv_scales(
         raise ValueError(f"k_scale/v_scale must be None for a {k_cache.dtype} KV cache")
 
 
-def expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale) -> None:
+def expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale) -> None:
     """The shared contract of paged decode and prefill attention (q [T, Hq, D], paged caches)."""
+    # The kernels take each row's max before the softmax scale, which only a positive scale allows.
+    if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+        raise ValueError(f"scale must be a positive finite number (head_dim ** -0.5 as a rule), got {scale!r}")
     expect_ndim("q", q, 3, "[num_tokens, num_q_heads, head_dim]")
     expect_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
     expect_shape("v_cache", v_cache, k_cache.shape)

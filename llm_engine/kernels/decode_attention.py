@@ -52,7 +52,7 @@ def paged_decode_attention_ref(
 
     num_splits only shapes the kernel's work split; the reference ignores it.
     """
-    _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     out = output_like(out, q)
     if q.shape[0] == 0:
         return out
@@ -187,7 +187,7 @@ def paged_decode_attention(
     config and the block table width (an upper bound on the context, known without a sync), and
     then a context too short for that many splits of min_tokens_per_split uses fewer.
     """
-    _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+    _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     expect_launchable("q", q, "paged_decode_attention_ref")
     batch, num_q_heads, head_dim = q.shape
     expect_power_of_two("head_dim", head_dim, 16)
@@ -261,6 +261,6 @@ def _choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, para
     return max(1, min(wanted_for_occupancy, allowed_by_length, params["max_splits"]))
 
 
-def _check_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale) -> None:
-    expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+def _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale) -> None:
+    expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     expect_shape("context_lens", context_lens, (q.shape[0],))

@@ -40,7 +40,7 @@ def paged_prefill_attention_ref(
 ) -> torch.Tensor:
     """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D] (into `out` if given);
     causal by absolute position."""
-    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale)
+    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale)
     out = output_like(out, q)
     bounds = cu_seqlens_q.tolist()
     for b, context_len in enumerate(context_lens.tolist()):
@@ -87,12 +87,13 @@ def _prefill_kernel(
     tiles_end = tl.cumsum(tiles_per_seq, axis=0)
     seq = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
     if seq < batch:
-        first_tile = tl.sum(tl.where(seqs == seq, tiles_end - tiles_per_seq, 0), axis=0)
+        # Positions in 32 bits whatever the metadata's width (the causal mask compares one per
+        # score); q_begin addresses in 64.
+        first_tile = tl.sum(tl.where(seqs == seq, tiles_end - tiles_per_seq, 0), axis=0).to(tl.int32)
         q_begin = tl.load(cu_seqlens_ptr + seq)
-        # Positions in 32 bits (the causal mask compares one per score); q_begin addresses in 64.
         num_queries = (tl.load(cu_seqlens_ptr + seq + 1) - q_begin).to(tl.int32)
         q_begin = q_begin.to(tl.int64)
-        context_len = tl.load(context_lens_ptr + seq)
+        context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
         rows = (tile - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = (rows < num_queries)[:, None]
         q_positions = context_len - num_queries + rows
@@ -141,7 +142,7 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """q [T_total, Hq, D] packed by cu_seqlens_q [B+1] -> [T_total, Hq, D] (into `out` if given);
     causal by absolute position."""
-    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale)
+    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale)
     expect_launchable("q", q, "paged_prefill_attention_ref")
     num_tokens, num_q_heads, head_dim = q.shape
     expect_power_of_two("head_dim", head_dim, 16)
@@ -185,7 +186,7 @@ def prefill_batch_bucket(batch: int) -> int:
     return max(MIN_BATCH_BUCKET, triton.next_power_of_2(batch))
 
 
-def _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale, v_scale) -> None:
-    expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale, v_scale)
+def _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale) -> None:
+    expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     expect_shape("cu_seqlens_q", cu_seqlens_q, (block_tables.shape[0] + 1,))
     expect_dtype("cu_seqlens_q", cu_seqlens_q, (torch.int32, torch.int64))

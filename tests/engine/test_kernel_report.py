@@ -21,6 +21,7 @@ def test_fp8_decode_compiles_under_the_h200_register_cap():
     result = report("--kernel", "decode", "--kv-dtype", "fp8")
     assert result.returncode == 0, result.stderr
     assert '"maxnreg": 128' in result.stdout and '"IS_FP8": true' in result.stdout
+    # Without the cap reaching ptxas, this kernel takes 168 registers (Triton 3.6) or more.
     assert int(re.search(r"registers (\d+)", result.stdout)[1]) <= 128
     assert re.search(r"loop 1: \d+ instructions; .*HMMA", result.stdout)
 

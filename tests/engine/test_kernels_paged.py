@@ -287,6 +287,20 @@ def test_decode_contract_violations(gen, device):
         paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens[:0], 1.0)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("inf"), float("nan")])
+def test_attention_refuses_a_scale_that_is_not_positive(gen, device, scale):
+    # The kernels scale each row's max instead of every score: only right for a positive scale.
+    kv = make_paged_kv(gen, device, [5], 2, 64, torch.float32)
+    q = torch.ones(1, 4, 64, device=device)
+    cu_seqlens = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    for attend in (paged_decode_attention, paged_decode_attention_ref):
+        with pytest.raises(ValueError, match="scale must be a positive finite number"):
+            attend(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, scale)
+    for attend in (paged_prefill_attention, paged_prefill_attention_ref):
+        with pytest.raises(ValueError, match="scale must be a positive finite number"):
+            attend(q, kv.k_cache, kv.v_cache, kv.block_tables, cu_seqlens, kv.context_lens, scale)
+
+
 # --- paged prefill attention ------------------------------------------------------------------
 
 # (context_lens, query_lens): full prefill over several query tiles, a chunk at the end of a
