@@ -309,13 +309,13 @@ def l2_flush_buffer() -> torch.Tensor:
     return torch.empty(256 << 20, dtype=torch.int8, device="cuda")  # H200 L2: 50 MB
 
 
-def time_us(fn, reps: int, graph: bool = True, warmup_s: float = WARMUP_S) -> float:
+def time_us(fn, reps: int, graph: bool = True) -> float:
     """Median time of one call of fn, the L2 cleared before each; replayed from a CUDA graph, so
     without Python launch overhead, unless graph is False."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph asks
-        deadline = time.perf_counter() + warmup_s
+        deadline = time.perf_counter() + WARMUP_S
         while True:
             for _ in range(8):  # launches queued back to back; the clock read between batches
                 fn()

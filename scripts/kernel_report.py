@@ -32,13 +32,14 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_kernels import Sizes  # noqa: E402  (this script's folder is on sys.path)
 from llm_engine.kernels import decode_attention, launch_config, prefill_attention  # noqa: E402
 
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8e4nv",
          torch.int32: "i32", torch.int64: "i64"}
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-# Llama-3-8B's attention, as in bench_kernels.py.
-Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+# bench_kernels.py's shapes (Llama-3-8B's attention): the report is of the launches it times.
+SIZES = Sizes()
 
 
 class Launch:
@@ -67,9 +68,10 @@ def intercept(module, kernel_name: str, call) -> tuple[triton.runtime.JITFunctio
 
 
 def paged_inputs(batch: int, context: int, kv_dtype: torch.dtype):
-    blocks = batch * triton.cdiv(context, BLOCK_SIZE)
-    cache = [torch.zeros(blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=kv_dtype) for _ in range(2)]
-    scales = [torch.ones(blocks, KV_HEADS, BLOCK_SIZE) for _ in range(2)] if kv_dtype == torch.float8_e4m3fn \
+    s = SIZES
+    blocks = batch * triton.cdiv(context, s.block_size)
+    cache = [torch.zeros(blocks, s.block_size, s.kv_heads, s.head_dim, dtype=kv_dtype) for _ in range(2)]
+    scales = [torch.ones(blocks, s.kv_heads, s.block_size) for _ in range(2)] if kv_dtype == torch.float8_e4m3fn \
         else [None, None]
     tables = torch.arange(blocks, dtype=torch.int32).view(batch, -1)
     return cache, scales, tables, torch.full((batch,), context, dtype=torch.int32)
@@ -78,13 +80,15 @@ def paged_inputs(batch: int, context: int, kv_dtype: torch.dtype):
 def launch_of(kernel: str, kv_dtype: torch.dtype):
     """The kernel and its launch's arguments: decode at workload (b)'s shape, prefill of one 8k prompt."""
     if kernel == "decode":
-        (k, v), (ks, vs), tables, lens = paged_inputs(512, 777, kv_dtype)
-        q = torch.zeros(512, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+        batch, context = SIZES.decode_serving
+        (k, v), (ks, vs), tables, lens = paged_inputs(batch, context, kv_dtype)
+        q = torch.zeros(batch, SIZES.q_heads, SIZES.head_dim, dtype=torch.bfloat16)
         return intercept(decode_attention, "_decode_split_kernel",
                          lambda: decode_attention.paged_decode_attention(q, k, v, tables, lens, 0.1, ks, vs))
-    (k, v), (ks, vs), tables, lens = paged_inputs(1, 8192, kv_dtype)
-    q = torch.zeros(8192, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16)
-    cu_seqlens = torch.tensor([0, 8192], dtype=torch.int32)
+    seqs, tokens = SIZES.prefill_long
+    (k, v), (ks, vs), tables, lens = paged_inputs(seqs, tokens, kv_dtype)
+    q = torch.zeros(seqs * tokens, SIZES.q_heads, SIZES.head_dim, dtype=torch.bfloat16)
+    cu_seqlens = torch.arange(seqs + 1, dtype=torch.int32) * tokens
     return intercept(prefill_attention, "_prefill_kernel",
                      lambda: prefill_attention.paged_prefill_attention(q, k, v, tables, cu_seqlens, lens, 0.1, ks, vs))
 
