@@ -57,6 +57,17 @@ def repository(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test whose server has exited shows the server's last log lines: CI keeps no log files."""
+    report = (yield).get_result()
+    if report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, TritonServer) and value.process is not None and value.process.poll() is not None:
+                report.sections.append((f"tritonserver exited with code {value.process.returncode}",
+                                        value.tail_log(40)))
+
+
 def pytest_terminal_summary(terminalreporter):
     """How many bad-input cases the property-based tests sent (tests/bad_input.py counts them)."""
     from bad_input import TRIED  # noqa: PLC0415 - only when those tests ran

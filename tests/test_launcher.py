@@ -84,6 +84,18 @@ def test_broken_config_fails_with_server_log(tmp_path):
     assert "broken" in message  # the server's own log lines name the model that failed
 
 
+def test_load_of_an_unchanged_python_model_does_not_reload_it(tmp_path):
+    """A model never served before has no bytecode: the launcher compiles it, so the stub writes no
+    __pycache__ into the model's directory and Triton sees the model unchanged."""
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE_REPOSITORY / "echo", repo / "echo", ignore=shutil.ignore_patterns("__pycache__"))
+    with TritonServer(free_server_options(model_repositories=[repo], models=["echo"]), work_dir=tmp_path / "work") as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        client.load_model("echo")
+        client.close()
+        assert s.log_path.read_text().count("successfully loaded 'echo'") == 1
+
+
 def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
     """`ragstack serve` under SIGTERM: a request already running still gets its answer."""
     opts = free_server_options()

@@ -5,7 +5,12 @@ once with INTERNAL "Stub process '<instance>' is not healthy."; the stub is not 
 for decoupled nor for plain Python models); a decoupled request in flight when the stub died never
 gets its FINAL response, so only the client's deadline ends it; a plain `load` of the model is a
 no-op (its files did not change), unload + load starts a new stub. The server and the other models
-are unaffected. The llm's engine process, a child of the stub, exits with it.
+are unaffected, except now and then (once in 7 runs of this file here, once in CI): the stub died
+holding a lock in the shared memory it shares with the server, which then throws
+boost::interprocess::lock_exception and aborts (upstream: triton-inference-server/server#8882).
+Nothing on our side can catch that; deployments run the server under a restart policy
+(docker-compose.yml). The tests that kill a streaming stub tell that abort from any other failure,
+and run again on a restarted server. The llm's engine process, a child of the stub, exits with it.
 
 The engine process SIGKILLed instead (the llm's stub lives on): every open stream ends with an error
 flagged FINAL, later requests are refused with UNAVAILABLE naming the cause, until unload + load.
@@ -16,6 +21,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -29,6 +35,8 @@ from server_helpers import FIXTURE_REPOSITORY, free_server_options, http_post
 
 pytestmark = pytest.mark.server
 LONG = 480  # tokens: the stream is still running when the stub is killed
+KNOWN_ABORT = "boost::interprocess::lock_exception"  # what Triton 2.51 logs when a dead stub held a lock
+ATTEMPTS = 4
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +95,36 @@ async def kill_llm_stub_mid_stream(server, model: str, tensors: dict, count: int
     return pid, (await in_flight)[0]
 
 
+def run_past_known_abort(server, scenario) -> None:
+    """Run scenario(admin); if it fails because the server aborted with KNOWN_ABORT, restart the server
+    and run it again (a fresh admin client each time). Any other failure fails the test at once."""
+    for attempt in range(1, ATTEMPTS + 1):
+        log_start = server.log_path.stat().st_size
+        admin = httpclient.InferenceServerClient(server.http_url)
+        try:
+            return scenario(admin)
+        except Exception:
+            if not server_aborted(server):
+                raise
+            log = server.log_path.read_bytes()[log_start:].decode(errors="replace")
+            assert KNOWN_ABORT in log, f"the server died (exit code {server.process.returncode}):\n{server.tail_log()}"
+            assert attempt < ATTEMPTS, f"the server aborted with {KNOWN_ABORT} in each of {ATTEMPTS} attempts"
+            print(f"attempt {attempt}: the server aborted with {KNOWN_ABORT}; restarting it")
+        finally:
+            admin.close()
+        server.stop()
+        server.start()
+
+
+def server_aborted(server, wait_s: float = 5) -> bool:
+    """Whether the server has exited (waiting up to wait_s: an abort may still be under way)."""
+    try:
+        server.process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def reload(admin, name: str) -> None:
     """A plain load would keep the dead instance: the model's files are unchanged."""
     admin.unload_model(name)
@@ -106,38 +144,47 @@ def llm_once(server, max_tokens: int, timeout_s: float) -> load_gen.Outcome:
     return outcomes[0]
 
 
-def test_killed_llm_stub_fails_fast_and_an_unload_load_brings_it_back(server, admin):
-    [engine] = process_tree.engine_pids(server.process.pid, "llm_0_0")
-    old, [in_flight] = asyncio.run(kill_llm_stub_mid_stream(server, "llm", load_gen.llm_tensors("a long one", LONG), 1, 6))
-    wait_gone(engine, "engine process of the killed stub")  # no orphan: it saw its stdin close
-    # Triton 2.51 sends no FINAL for a request of a dead decoupled stub: the client's deadline ends it.
-    assert in_flight.status == load_gen.HUNG and in_flight.responses > 0
-    assert admin.is_server_live() and admin.is_model_ready("llm")  # still READY: Triton does not notice
-    after = llm_once(server, 4, 10)
-    assert after.status == load_gen.ERROR and "Stub process 'llm_0_0' is not healthy" in after.error
-    np.testing.assert_array_equal(echo(admin), [[1.0, 2.0]])  # the other models keep serving
+def test_killed_llm_stub_fails_fast_and_an_unload_load_brings_it_back(server):
+    def scenario(admin):
+        [engine] = process_tree.engine_pids(server.process.pid, "llm_0_0")
+        old, [in_flight] = asyncio.run(kill_llm_stub_mid_stream(server, "llm", load_gen.llm_tensors("a long one", LONG),
+                                                                1, 6))
+        wait_gone(engine, "engine process of the killed stub")  # no orphan: it saw its stdin close
+        # Triton 2.51 sends no FINAL for a request of a dead decoupled stub: the client's deadline ends it.
+        assert in_flight.status == load_gen.HUNG and in_flight.responses > 0, in_flight
+        assert admin.is_server_live() and admin.is_model_ready("llm")  # still READY: Triton does not notice
+        after = llm_once(server, 4, 10)
+        assert after.status == load_gen.ERROR and "Stub process 'llm_0_0' is not healthy" in after.error
+        np.testing.assert_array_equal(echo(admin), [[1.0, 2.0]])  # the other models keep serving
 
-    reload(admin, "llm")
-    assert process_tree.stub_pids(server.process.pid, "llm_0_0") not in ([], [old])
-    assert llm_once(server, 4, 30).status == load_gen.OK
+        reload(admin, "llm")
+        assert process_tree.stub_pids(server.process.pid, "llm_0_0") not in ([], [old])
+        assert llm_once(server, 4, 30).status == load_gen.OK
+
+    run_past_known_abort(server, scenario)
 
 
-def test_rag_generate_frees_its_slots_when_the_llm_dies(server, admin):
+def test_rag_generate_frees_its_slots_when_the_llm_dies(server):
     """Without llm_idle_timeout_s the two relays would wait for the dead llm forever and, with
     max_inflight=2, rag would refuse every later query."""
-    config = admin.get_model_config("rag_generate")
-    config["parameters"].update({"max_inflight": {"string_value": "2"}, "llm_idle_timeout_s": {"string_value": "3"}})
-    admin.load_model("rag_generate", config=json.dumps(config))
-    question = load_gen.rag_tensors("How does paged attention store the KV cache?", LONG)
+    def scenario(admin):
+        config = admin.get_model_config("rag_generate")
+        config["parameters"].update({"max_inflight": {"string_value": "2"},
+                                     "llm_idle_timeout_s": {"string_value": "3"}})
+        admin.load_model("rag_generate", config=json.dumps(config))
+        question = load_gen.rag_tensors("How does paged attention store the KV cache?", LONG)
 
-    start = time.monotonic()
-    _, outcomes = asyncio.run(kill_llm_stub_mid_stream(server, "rag", question, 2, 30))
-    assert time.monotonic() - start < 15
-    for outcome in outcomes:
-        assert outcome.status == load_gen.ERROR and "no response from llm for 3 s" in outcome.error, outcome
-    reload(admin, "llm")
-    answers, _ = asyncio.run(load_gen.run_many(server.grpc_url, "rag", [load_gen.rag_tensors("What is batching?", 4)]))
-    assert answers[0].status == load_gen.OK, answers[0]
+        start = time.monotonic()
+        _, outcomes = asyncio.run(kill_llm_stub_mid_stream(server, "rag", question, 2, 30))
+        assert time.monotonic() - start < 15
+        for outcome in outcomes:
+            assert outcome.status == load_gen.ERROR and "no response from llm for 3 s" in outcome.error, outcome
+        reload(admin, "llm")
+        answers, _ = asyncio.run(load_gen.run_many(server.grpc_url, "rag",
+                                                   [load_gen.rag_tensors("What is batching?", 4)]))
+        assert answers[0].status == load_gen.OK, answers[0]
+
+    run_past_known_abort(server, scenario)
 
 
 def test_killed_python_model_stub_errors_until_reloaded(server, admin):

@@ -8,6 +8,7 @@ libraries on its LD_LIBRARY_PATH only, waits until it is ready, and stops it cle
 """
 from __future__ import annotations
 
+import compileall
 import contextlib
 import ctypes
 import os
@@ -115,11 +116,16 @@ def assemble_backend_dir(install: ServerInstall, dest: Path, project_backends: P
     python_dir.mkdir(parents=True, exist_ok=True)
     for src in (install.python_backend / "libtriton_python.so",
                 install.python_backend / "triton_python_backend_utils.py", stub):
-        shutil.copy2(src, python_dir / src.name)
+        # Copied, then renamed over: a stub of a server that ran here before may still be running.
+        shutil.copy2(src, python_dir / f"{src.name}.new")
+        os.replace(python_dir / f"{src.name}.new", python_dir / src.name)
     if project_backends.is_dir():
         for backend in sorted(p for p in project_backends.iterdir() if (p / "model.py").is_file()):
             # A link keeps the project's backend code live: edit, then reload the model.
-            (dest / backend.name).symlink_to(backend.resolve(), target_is_directory=True)
+            link = dest / backend.name
+            if link.is_symlink():  # a server started again in its work dir
+                link.unlink()
+            link.symlink_to(backend.resolve(), target_is_directory=True)
     return dest
 
 
@@ -158,6 +164,14 @@ def _set_parent_death_signal() -> None:
     """Runs in the child before exec: the server dies with the launcher, even on SIGKILL."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def compile_python_models(repository: Path) -> None:
+    """Byte-compile a repository's Python models before the server loads them. A stub that finds no
+    bytecode writes __pycache__ into the model's directory after the load (its embedded Python ignores
+    PYTHONDONTWRITEBYTECODE), which makes the model look changed: the next `load` of the unchanged model
+    would reload it instead of doing nothing. A read-only repository is left as it is."""
+    compileall.compile_dir(repository, quiet=2)
 
 
 class TritonServer:
@@ -237,6 +251,8 @@ class TritonServer:
         install = find_server_install()
         check_libpython()
         backend_dir = assemble_backend_dir(install, self.work_dir / "backends")
+        for repo in self.options.model_repositories:
+            compile_python_models(Path(repo))
         cmd = self.command(install, backend_dir)
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
