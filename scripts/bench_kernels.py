@@ -10,7 +10,9 @@ kernel must move. --sweep overrides launch configs through override_launch_param
 Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
 bf16 KV decode at 32k (>= 1.6x), and both at workload (b)'s decode shape (B=512 x 777); causal
 prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA flash on the same q/k/v alongside);
-rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul.
+rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul; a layer's four projections at
+decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and fused (skinny_linear), so
+the launch config's skinny_linear max_rows can be set from the ratio (towards (a)'s 85% of the roofline).
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
 
     python scripts/bench_kernels.py --json /tmp/kernels.json --record docs/benchmarks.md
@@ -281,7 +283,60 @@ def silu_bench(s: Sizes, gen) -> Bench:
                              for b, w in itertools.product((512, 1024, 2048, 4096), (2, 4, 8, 16))])
 
 
+def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
+    """A decoder layer's four projections at a small decode batch (attention left out: the same either
+    way), as the engine runs them unfused (cuBLAS, RMSNorm + residual, SiLU-and-mul kernels: 7 launches
+    plus cuBLAS's split-K reduces) and fused (skinny_linear: 4 launches). Bytes: the weights, read once."""
+    linear = torch.nn.functional.linear
+    q_size, kv_size = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
+    eps = 1e-5
+    w_qkv, w_o, w_gate_up, w_down = (randn(gen, n, k) / k**0.5 for n, k in (
+        (q_size + 2 * kv_size, s.hidden), (s.hidden, q_size), (s.gate_up, s.hidden), (s.hidden, s.gate_up // 2)))
+    norm1, norm2 = randn(gen, s.hidden), randn(gen, s.hidden)
+    attn_out, mlp_out, start = randn(gen, rows, q_size), randn(gen, rows, s.hidden), randn(gen, rows, s.hidden)
+    residual = start.clone()  # updated in place by each call: timed calls drift it, checks start afresh
+
+    def unfused(residual, ops=K):
+        """From the previous layer's MLP output, not yet added (the engine adds it in the next norm)."""
+        hidden, _ = ops.rms_norm(mlp_out, norm1, eps, residual)
+        qkv = linear(hidden, w_qkv)
+        hidden, _ = ops.rms_norm(linear(attn_out, w_o), norm2, eps, residual)
+        return qkv, linear(ops.silu_and_mul(linear(hidden, w_gate_up)), w_down)
+
+    def fused(residual, skinny_linear=K.skinny_linear):
+        """From the complete residual; the MLP output goes into it."""
+        qkv = skinny_linear(residual, w_qkv, norm_weight=norm1, eps=eps)
+        skinny_linear(attn_out, w_o, residual=residual)
+        gate_up = skinny_linear(residual, w_gate_up, norm_weight=norm2, eps=eps)
+        return qkv, skinny_linear(gate_up, w_down, gated=True, residual=residual)
+
+    class Refs:  # the unfused chain through the torch references
+        rms_norm, silu_and_mul = K.rms_norm_ref, K.silu_and_mul_ref
+
+    unfused_expected = unfused(start.clone(), Refs)
+    fused_expected = fused(start.clone(), K.skinny_linear_ref)
+
+    def check(chain, expected):
+        def compare(_):  # a call from the same start, under the launch parameters being checked
+            for actual, ref in zip(chain(start.clone()), expected):
+                # Four projections and their bf16 roundings in a row (the interpreter truncates them).
+                expect_close(f"layer projections b={rows}", actual, ref, atol=6e-2, rtol=3e-2)
+        return compare
+
+    weight_bytes = sum(w.nbytes for w in (w_qkv, w_o, w_gate_up, w_down))
+    shape = f"M={rows}, hidden {s.hidden}, qkv {q_size + 2 * kv_size}, MLP {s.gate_up // 2}"
+    return [
+        Bench(f"layer projections b={rows} unfused", shape, None, call=lambda: unfused(residual),
+              check=check(unfused, unfused_expected), bytes=weight_bytes),
+        Bench(f"layer projections b={rows} fused", shape, "skinny_linear", call=lambda: fused(residual),
+              check=check(fused, fused_expected), bytes=weight_bytes,
+              candidates=[({"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": st}, {})
+                          for n, k, w, st in itertools.product((16, 32, 64), (128, 256, 512), (2, 4, 8), (3, 4, 6))]),
+    ]
+
+
 DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
+SMALL_BATCHES = (1, 8, 16)  # decode rows of the layer_small_batch case
 DECODE_SERVING = ("decode bf16 serving", "decode fp8 serving")
 BEST_HEADER = "Best launch configs (sweep; num_splits null: the heuristic's splits= in the shape):"
 
@@ -301,6 +356,7 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "rotary_write_kv": lambda: [rotary_write_kv_bench(s, BF16, gen), rotary_write_kv_bench(s, FP8, gen)],
         "rms_norm": lambda: [rms_norm_bench(s, gen)],
         "silu": lambda: [silu_bench(s, gen)],
+        "layer_small_batch": lambda: [b for rows in SMALL_BATCHES for b in layer_projection_benches(s, rows, gen)],
     }
 
 
@@ -370,8 +426,8 @@ def measure(bench: Bench, limits: Limits, reps: int) -> Row:
 
 
 def speedup_rows(rows: list[Row]) -> list[Row]:
-    """FP8 over bf16 KV at 32k (the target) and at the serving shape; the limit is the ratio of the
-    bytes the two must read."""
+    """FP8 over bf16 KV at 32k (the target) and at the serving shape, the limit being the ratio of the
+    bytes the two must read; the fused small-batch layer projections over the unfused ones."""
     by_case = {r.case: r for r in rows}
     out = []
     for (bf16_case, fp8_case), name, target in ((DECODE_LONG, "32k", 1.6), (DECODE_SERVING, "serving", None)):
@@ -381,6 +437,11 @@ def speedup_rows(rows: list[Row]) -> list[Row]:
             out.append(Row(f"decode fp8 vs bf16 {name}", f"{bf16.shape}; byte ratio {ideal:.2f}x", None, speedup,
                            "x", 100 * speedup / ideal, f">= {target}x" if target else "-",
                            None if target is None else speedup >= target))
+    for rows in SMALL_BATCHES:
+        unfused, fused = (by_case.get(f"layer projections b={rows} {kind}") for kind in ("unfused", "fused"))
+        if unfused and fused:
+            out.append(Row(f"layer projections b={rows} fused vs unfused", "% of limit: the fused chain's of copy BW",
+                           None, unfused.time_us / fused.time_us, "x", fused.pct_of_limit))
     return out
 
 
@@ -423,7 +484,8 @@ def fmt_row(r: Row) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
-                        "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu")
+                        "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu, "
+                        "layer_small_batch")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")

@@ -16,13 +16,16 @@ from llm_engine.kernels.prefill_attention import paged_prefill_attention, paged_
 from llm_engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from llm_engine.kernels.rotary import apply_rotary_ref
 from llm_engine.kernels.rotary_kv_cache import rotary_and_write_kv, rotary_and_write_kv_ref
+from llm_engine.kernels.skinny_linear import SKINNY_MAX_ROWS, fits_skinny_linear, skinny_linear, skinny_linear_ref
 
 __all__ = [
     "FP8_E4M3_MAX",
     "FP8_SCALE_MIN",
+    "SKINNY_MAX_ROWS",
     "apply_rotary_ref",
     "dequantize_fp8_cache_ref",
     "dequantize_fp8_ref",
+    "fits_skinny_linear",
     "gather_kv_ref",
     "paged_decode_attention",
     "paged_decode_attention_ref",
@@ -35,6 +38,8 @@ __all__ = [
     "rotary_and_write_kv",
     "rotary_and_write_kv_ref",
     "silu_and_mul",
+    "skinny_linear",
+    "skinny_linear_ref",
     "silu_and_mul_ref",
     "write_kv_cache_ref",
 ]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from llm_engine import kernels, ops
 from llm_engine.distributed import SINGLE, TensorParallelGroup
 from llm_engine.layers.attention import Attention, AttentionMetadata
 from llm_engine.layers.embedding import VocabEmbedding, compute_logits, vocab_rows_per_rank
@@ -38,9 +39,14 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, rotary_emb)
 
     def project(self, positions: torch.Tensor, hidden: torch.Tensor, slot_mapping: torch.Tensor,
-                q_out: torch.Tensor | None = None) -> torch.Tensor:
-        """hidden [T, H] -> the rotated q [T, Hq, D] (into q_out); k and v go into the cache."""
-        qkv = self.qkv_proj(hidden)
+                q_out: torch.Tensor | None = None, norm: RMSNorm | None = None) -> torch.Tensor:
+        """hidden [T, H] -> the rotated q [T, Hq, D] (into q_out); k and v go into the cache. With `norm`,
+        hidden is the residual stream and the norm is fused into the projection (a small decode batch)."""
+        if norm is None:
+            qkv = self.qkv_proj(hidden)
+        else:
+            qkv = ops.skinny_linear(hidden, self.qkv_proj.weight, self.qkv_proj.bias, norm_weight=norm.weight,
+                                    eps=norm.eps)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Views, not copies: the kernels take row strides.
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -63,6 +69,14 @@ class LlamaDecoderLayer(nn.Module):
         hidden, _ = self.post_attention_layernorm(self.self_attn.o_proj(attn_out), residual)
         return self.mlp(hidden)
 
+    def add_attention_and_mlp(self, attn_out: torch.Tensor, residual: torch.Tensor) -> None:
+        """after_attention for a small decode batch on one rank, in three fused projections: o into the
+        residual, norm + gate_up, gate + down into the residual (in place)."""
+        o_proj, mlp, norm = self.self_attn.o_proj, self.mlp, self.post_attention_layernorm
+        ops.skinny_linear(attn_out, o_proj.weight, o_proj.bias, residual=residual)
+        gate_up = ops.skinny_linear(residual, mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps)
+        ops.skinny_linear(gate_up, mlp.down_proj.weight, gated=True, residual=residual)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, max_position: int, tp: TensorParallelGroup) -> None:
@@ -72,6 +86,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb, tp)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tp = tp
 
     @property
     def num_pieces(self) -> int:
@@ -88,13 +103,28 @@ class LlamaModel(nn.Module):
         if i == 0:
             embedded = self.embed_tokens(input_ids)
             residual = embedded if residual is None else residual.copy_(embedded)
-            hidden = self.layers[0].input_layernorm(residual)
+        fused = self.fuses(residual)
+        if i == 0:
+            hidden = residual if fused else self.layers[0].input_layernorm(residual)
+        elif fused:
+            self.layers[i - 1].add_attention_and_mlp(attn_out, residual)
+            if i == len(self.layers):
+                return self.norm(residual, out=out), residual
+            hidden = residual
         else:
             hidden = self.layers[i - 1].after_attention(attn_out, residual)
             if i == len(self.layers):
                 return self.norm(hidden, residual, out=out)
             hidden, residual = self.layers[i].input_layernorm(hidden, residual)
-        return self.layers[i].self_attn.project(positions, hidden, slot_mapping, out), residual
+        layer = self.layers[i]
+        return layer.self_attn.project(positions, hidden, slot_mapping, out,
+                                       layer.input_layernorm if fused else None), residual
+
+    def fuses(self, residual: torch.Tensor) -> bool:
+        """Whether a step of these rows runs its projections with the norms, the SwiGLU gate and the
+        residual adds fused in (kernels/skinny_linear.py): few rows, one rank (a row-parallel
+        projection's all-reduce comes before its residual add)."""
+        return self.tp.size == 1 and kernels.fits_skinny_linear(residual)
 
     def attend(self, i: int, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """Layer i's attention: its rotated q -> [T, Hq * D] (into `out`)."""

@@ -16,6 +16,8 @@ from transformers import AutoModelForCausalLM
 from llm_engine import ops
 from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
+from llm_engine.kernels import SKINNY_MAX_ROWS
+from llm_engine.kernels.launch_config import override_launch_params
 from llm_engine.model_runner import ModelRunner
 from llm_engine.sequence import Sequence
 
@@ -76,6 +78,14 @@ def run_device(request):
     return request.param
 
 
+@pytest.fixture(params=["unfused", "fused"])
+def small_batch_fusion(request):
+    """Both paths of a small decode batch: cuBLAS projections with separate norm, gate and residual
+    ops, and the projections with those fused in (kernels/skinny_linear.py, on wherever max_rows allows)."""
+    with override_launch_params("skinny_linear", max_rows=SKINNY_MAX_ROWS if request.param == "fused" else 0):
+        yield request.param
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefill_batch_matches_hf(arch, run_device, tiny_checkpoints, hf_models):
     runner = make_runner(tiny_checkpoints[arch], run_device)
@@ -89,7 +99,7 @@ def test_prefill_batch_matches_hf(arch, run_device, tiny_checkpoints, hf_models)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_chunked_prefill_then_paged_decode_match_hf(arch, run_device, tiny_checkpoints, hf_models):
+def test_chunked_prefill_then_paged_decode_match_hf(arch, run_device, tiny_checkpoints, hf_models, small_batch_fusion):
     """Prompts prefilled in two chunks (the first not sampled), then teacher-forced decode steps
     for all of them at once through the paged cache."""
     runner = make_runner(tiny_checkpoints[arch], run_device)
@@ -142,7 +152,7 @@ def greedy_generate(runner, prompts: list[list[int]], max_new_tokens: int) -> li
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_generation_matches_hf_generate(arch, run_device, tiny_checkpoints, hf_models):
+def test_greedy_generation_matches_hf_generate(arch, run_device, tiny_checkpoints, hf_models, small_batch_fusion):
     runner = make_runner(tiny_checkpoints[arch], run_device)
     prompts = [runner.tokenizer.encode(p) for p in PROMPTS]
     max_new_tokens = 16
@@ -170,7 +180,7 @@ def test_fp8_kv_cache_stays_close(run_device, tiny_checkpoints, hf_models):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the cuda cases run the Triton kernels compiled")
-def test_triton_kernels_in_the_interpreter_match_hf(monkeypatch, tiny_checkpoints, hf_models):
+def test_triton_kernels_in_the_interpreter_match_hf(monkeypatch, tiny_checkpoints, hf_models, small_batch_fusion):
     """Every op through its Triton kernel (TRITON_INTERPRET=1, set by conftest), prefill + decode."""
     monkeypatch.setenv("LLM_ENGINE_KERNELS", "triton")
     importlib.reload(ops)

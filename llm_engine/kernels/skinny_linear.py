@@ -1,0 +1,195 @@
+"""y = x' W^T (+ b) for the few rows of a small decode batch, with the small ops around a projection fused in.
+
+At batch 1..16 a projection reads its whole weight for a handful of rows: it is bound by HBM reads, and
+the RMSNorm before it, the SwiGLU gate before the down projection and the residual add after the o and
+down projections are separate launches of a few microseconds each (three per layer, ~0.4 ms per token
+on Llama-3-8B). Each program streams BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
+against all of x's rows (padded to the 16 rows tl.dot needs), and computes x' on the way:
+
+- plain: x' = x;
+- norm (norm_weight given): x' = rmsnorm(x) * norm_weight, each row's mean square taken in a first pass
+  over x (x is a few KB, read from L2 by every program);
+- gated: x = [gate | up] and x' = silu(gate) * up.
+
+With `residual`, the output goes into it in place: residual += y (y rounded to the output dtype first, as
+the unfused ops round it). Each program reads and writes only its own columns, so no other program
+sees a half-updated residual. The roundings are those of rms_norm, silu_and_mul and the residual add.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from llm_engine.kernels._validate import (
+    expect_last_dim_contiguous,
+    expect_launchable,
+    expect_ndim,
+    expect_same_device,
+    expect_shape,
+)
+from llm_engine.kernels.activation import silu_and_mul_ref
+from llm_engine.kernels.launch_config import interpreting, launch_params
+from llm_engine.kernels.rms_norm import rms_norm_ref
+
+# x rows one program covers: tl.dot's smallest M. Larger batches go to cuBLAS and the unfused ops.
+SKINNY_MAX_ROWS = 16
+_PLAIN, _NORM, _GATED = 0, 1, 2
+
+
+def fits_skinny_linear(x: torch.Tensor) -> bool:
+    """Whether a step of x's rows takes the fused path on x's device (launch config `max_rows`:
+    0 where cuBLAS and the separate small kernels are faster at every batch)."""
+    max_rows = launch_params("skinny_linear", x.device, x.dtype)["max_rows"]
+    return 0 < x.shape[0] <= min(max_rows, SKINNY_MAX_ROWS)
+
+
+def skinny_linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
+    residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
+    given) or silu(gate) * up (gated)."""
+    _check_args(x, weight, bias, norm_weight, gated, residual)
+    if norm_weight is not None:
+        x = rms_norm_ref(x, norm_weight, eps)
+    elif gated:
+        x = silu_and_mul_ref(x)
+    y = F.linear(x, weight, bias)
+    if residual is None:
+        return y
+    return residual.copy_((residual.float() + y.float()).to(residual.dtype))
+
+
+# The row count changes with the batch: not specialised on, so one variant per weight shape and mode.
+@triton.jit(do_not_specialize=["M"])
+def _skinny_linear_kernel(
+    x_ptr, w_ptr, b_ptr, norm_w_ptr, out_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ADD_TO_OUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    x_rows = x_ptr + rows[:, None] * stride_xm
+    if PROLOGUE == 1:  # norm: each row's mean square over all of K first
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k_start in range(0, K, BLOCK_K):
+            ks = k_start + tl.arange(0, BLOCK_K)
+            xs = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            sum_sq += tl.sum(xs * xs, axis=1)
+        rstd = tl.math.rsqrt(sum_sq / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k_start in range(0, K, BLOCK_K):
+        ks = k_start + tl.arange(0, BLOCK_K)
+        if EVEN_K:  # no mask along K: full-width vector loads
+            x_mask = row_mask[:, None]
+            w_mask = col_mask[:, None]
+        else:
+            x_mask = row_mask[:, None] & (ks < K)[None, :]
+            w_mask = col_mask[:, None] & (ks < K)[None, :]
+        w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=w_mask, other=0.0)
+        if PROLOGUE == 2:  # gated: x holds [gate | up], K wide each
+            gate = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_rows + K + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            x = (gate * tl.sigmoid(gate) * up).to(w.dtype)
+        else:
+            x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
+            if PROLOGUE == 1:
+                norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+                x = (x.to(tl.float32) * rstd[:, None] * norm_w[None, :]).to(w.dtype)
+        # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
+        if UPCAST_DOT:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    out_mask = row_mask[:, None] & col_mask[None, :]
+    y = acc.to(out_ptr.dtype.element_ty)
+    if ADD_TO_OUT:
+        y = (y.to(tl.float32) + tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, y, mask=out_mask)
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
+    residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
+    given) or silu(gate) * up (gated)."""
+    _check_args(x, weight, bias, norm_weight, gated, residual)
+    expect_launchable("x", x, "skinny_linear_ref")
+    num_rows, (n, k) = x.shape[0], weight.shape
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device) if residual is None else residual
+    if num_rows == 0 or n == 0:
+        return out
+    params = launch_params("skinny_linear", x.device, x.dtype)
+    block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
+    _skinny_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight, out,
+        num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), eps,
+        BLOCK_M=SKINNY_MAX_ROWS,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0,
+        PROLOGUE=_NORM if norm_weight is not None else _GATED if gated else _PLAIN,
+        HAS_BIAS=bias is not None,
+        ADD_TO_OUT=residual is not None,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
+        num_warps=params["num_warps"],
+        num_stages=params["num_stages"],
+    )
+    return out
+
+
+def _check_args(x, weight, bias, norm_weight, gated, residual) -> None:
+    expect_ndim("x", x, 2, "[rows, in_features]" + (" x 2 (gate | up)" if gated else ""))
+    expect_ndim("weight", weight, 2, "[out_features, in_features]")
+    if x.shape[0] > SKINNY_MAX_ROWS:
+        raise ValueError(f"x has {x.shape[0]} rows; skinny_linear takes at most {SKINNY_MAX_ROWS}")
+    if norm_weight is not None and gated:
+        raise ValueError("skinny_linear takes norm_weight or gated, not both")
+    in_features = weight.shape[1] * (2 if gated else 1)
+    if x.shape[1] != in_features:
+        raise ValueError(f"x has {x.shape[1]} features but weight takes {weight.shape[1]}"
+                         + (" (gated: x must be [gate | up], twice that)" if gated else ""))
+    for name, tensor in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual)):
+        if tensor is not None and tensor.dtype != x.dtype:
+            raise ValueError(f"{name} must have x's dtype {x.dtype}, got {tensor.dtype}")
+    expect_last_dim_contiguous("x", x)
+    expect_last_dim_contiguous("weight", weight)
+    if bias is not None:
+        expect_shape("bias", bias, (weight.shape[0],))
+    if norm_weight is not None:
+        expect_shape("norm_weight", norm_weight, (weight.shape[1],))
+    if residual is not None:
+        expect_shape("residual", residual, (x.shape[0], weight.shape[0]))
+        expect_last_dim_contiguous("residual", residual)
+    expect_same_device(x=x, weight=weight, bias=bias, norm_weight=norm_weight, residual=residual)

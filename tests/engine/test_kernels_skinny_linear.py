@@ -1,0 +1,83 @@
+"""The fused small-batch projection (plain, after RMSNorm, after the SwiGLU gate; into a residual) against
+its torch reference, which composes the unfused ops: rms_norm_ref, silu_and_mul_ref, F.linear, the add."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_engine.kernels import SKINNY_MAX_ROWS, fits_skinny_linear, skinny_linear, skinny_linear_ref
+from llm_engine.kernels.launch_config import override_launch_params
+
+# Compared in float32: the kernel and torch sum in different orders, so bf16 outputs may differ by a
+# rounding step (and the interpreter truncates float32 -> bf16 where GPUs round).
+TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=4e-2, rtol=3e-2)}
+MODES = {
+    "plain": {},
+    "norm": {"norm_weight": True, "eps": 1e-5},
+    "gated": {"gated": True},
+}
+
+
+def randn(gen, *shape, dtype, device):
+    return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, SKINNY_MAX_ROWS])
+@pytest.mark.parametrize("out_features, in_features", [(16, 64), (40, 96), (100, 200)])  # partial N and K tiles
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("with_bias, into_residual", [(False, False), (True, False), (False, True), (True, True)])
+def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_features, mode, with_bias,
+                                   into_residual):
+    options = dict(MODES[mode])
+    x = randn(gen, rows, in_features * (2 if options.get("gated") else 1), dtype=dtype, device=device)
+    weight = randn(gen, out_features, in_features, dtype=dtype, device=device) / in_features**0.5
+    bias = randn(gen, out_features, dtype=dtype, device=device) if with_bias else None
+    if options.get("norm_weight"):
+        options["norm_weight"] = randn(gen, in_features, dtype=dtype, device=device)
+    residual = randn(gen, rows, out_features, dtype=dtype, device=device) if into_residual else None
+    expected = skinny_linear_ref(x, weight, bias, residual=None if residual is None else residual.clone(), **options)
+    out = skinny_linear(x, weight, bias, residual=residual, **options)
+    if into_residual:
+        assert out is residual  # in place
+    assert out.dtype == dtype and out.shape == (rows, out_features)
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
+
+
+def test_skinny_linear_row_views(gen, device):
+    """Rows sliced from a larger activation keep their stride."""
+    hidden = randn(gen, 9, 64, dtype=torch.float32, device=device)
+    weight = randn(gen, 24, 64, dtype=torch.float32, device=device)
+    norm_weight = randn(gen, 64, dtype=torch.float32, device=device)
+    x = hidden[::2]
+    torch.testing.assert_close(skinny_linear(x, weight, norm_weight=norm_weight, eps=1e-6),
+                               skinny_linear_ref(x, weight, norm_weight=norm_weight, eps=1e-6), atol=1e-4, rtol=1e-4)
+
+
+def test_skinny_linear_refuses_bad_input(device):
+    weight = torch.zeros(8, 32, device=device)
+    with pytest.raises(ValueError, match=f"at most {SKINNY_MAX_ROWS}"):
+        skinny_linear(torch.zeros(SKINNY_MAX_ROWS + 1, 32, device=device), weight)
+    with pytest.raises(ValueError, match="x has 16 features but weight takes 32"):
+        skinny_linear(torch.zeros(2, 16, device=device), weight)
+    with pytest.raises(ValueError, match="gated: x must be"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, gated=True)
+    with pytest.raises(ValueError, match="not both"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, norm_weight=torch.ones(32, device=device),
+                      gated=True)
+    with pytest.raises(ValueError, match="weight must have x's dtype"):
+        skinny_linear(torch.zeros(2, 32, device=device, dtype=torch.bfloat16), weight)
+    with pytest.raises(ValueError, match=r"norm_weight must have shape \(32,\)"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, norm_weight=torch.ones(8, device=device))
+    with pytest.raises(ValueError, match=r"residual must have shape \(2, 8\)"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, residual=torch.zeros(2, 32, device=device))
+
+
+def test_fused_path_only_for_small_batches_and_where_configured(device):
+    with override_launch_params("skinny_linear", max_rows=8):
+        assert fits_skinny_linear(torch.zeros(1, 32, device=device))
+        assert fits_skinny_linear(torch.zeros(8, 32, device=device))
+        assert not fits_skinny_linear(torch.zeros(9, 32, device=device))
+        assert not fits_skinny_linear(torch.zeros(0, 32, device=device))
+    with override_launch_params("skinny_linear", max_rows=0):
+        assert not fits_skinny_linear(torch.zeros(1, 32, device=device))
