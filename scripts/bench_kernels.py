@@ -437,10 +437,10 @@ def speedup_rows(rows: list[Row]) -> list[Row]:
             out.append(Row(f"decode fp8 vs bf16 {name}", f"{bf16.shape}; byte ratio {ideal:.2f}x", None, speedup,
                            "x", 100 * speedup / ideal, f">= {target}x" if target else "-",
                            None if target is None else speedup >= target))
-    for rows in SMALL_BATCHES:
-        unfused, fused = (by_case.get(f"layer projections b={rows} {kind}") for kind in ("unfused", "fused"))
+    for batch in SMALL_BATCHES:
+        unfused, fused = (by_case.get(f"layer projections b={batch} {kind}") for kind in ("unfused", "fused"))
         if unfused and fused:
-            out.append(Row(f"layer projections b={rows} fused vs unfused", "% of limit: the fused chain's of copy BW",
+            out.append(Row(f"layer projections b={batch} fused vs unfused", "% of limit: the fused chain's of copy BW",
                            None, unfused.time_us / fused.time_us, "x", fused.pct_of_limit))
     return out
 

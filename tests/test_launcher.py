@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from server_helpers import FIXTURE_REPOSITORY, free_server_options
-from ragstack.launcher import LauncherError, TritonServer, find_server_install
+from ragstack.launcher import SHM_DIR, LauncherError, TritonServer, find_server_install
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -94,6 +94,24 @@ def test_load_of_an_unchanged_python_model_does_not_reload_it(tmp_path):
         client.load_model("echo")
         client.close()
         assert s.log_path.read_text().count("successfully loaded 'echo'") == 1
+
+
+def test_a_killed_server_leaves_no_shared_memory_and_starts_again_in_its_work_dir(tmp_path):
+    server = TritonServer(free_server_options(model_repositories=[FIXTURE_REPOSITORY], models=["echo"]),
+                          work_dir=tmp_path / "work")
+    server.start()
+    try:
+        assert list(SHM_DIR.glob(f"{server.shm_prefix}*"))  # the echo stub's regions
+        os.killpg(server.process.pid, signal.SIGKILL)  # nothing of the server can clean up
+        server.process.wait()
+        server.stop()
+        assert not list(SHM_DIR.glob(f"{server.shm_prefix}*"))
+        server.start()  # the same work dir: its backend directory is assembled again
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("echo")
+        client.close()
+    finally:
+        server.stop()
 
 
 def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
             elif args.action == "unload":
                 client.unload(args.name)
                 print(f"unloaded {args.name}")
-            else:  # Triton's load of a loaded model reloads it
+            else:  # Triton reloads a loaded model whose files or config changed (a new version, a
+                # pinned version dropped); an unchanged one stays as it is
                 client.load(args.name, args.version)
                 which = f" version {args.version}" if args.version is not None else ""
                 print(f"loaded {args.name}{which}")

@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
 PROJECT_BACKENDS = ROOT / "backends"
 PY_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+# The Python backend's shared-memory regions: /dev/shm/ragstack_<launcher pid>_<HTTP port>_<uuid>.
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "ragstack_"
 
 
 class LauncherError(RuntimeError):
@@ -166,6 +169,19 @@ def _set_parent_death_signal() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def remove_shm_regions(prefix: str) -> None:
+    for region in SHM_DIR.glob(f"{prefix}*"):
+        region.unlink(missing_ok=True)
+
+
+def remove_stale_shm_regions() -> None:
+    """The regions of servers whose launcher process is gone (killed before it could stop them)."""
+    pids = {region.name[len(SHM_PREFIX):].split("_", 1)[0] for region in SHM_DIR.glob(f"{SHM_PREFIX}*")}
+    for pid in pids:
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            remove_shm_regions(f"{SHM_PREFIX}{pid}_")
+
+
 def compile_python_models(repository: Path) -> None:
     """Byte-compile a repository's Python models before the server loads them. A stub that finds no
     bytecode writes __pycache__ into the model's directory after the load (its embedded Python ignores
@@ -193,6 +209,11 @@ class TritonServer:
         return f"{self.options.address}:{self.options.grpc_port}"
 
     @property
+    def shm_prefix(self) -> str:
+        """Names of this server's Python-backend shared-memory regions (/dev/shm) start with it."""
+        return f"{SHM_PREFIX}{os.getpid()}_{self.options.http_port}_"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{self.options.address}:{self.options.metrics_port}/metrics"
 
@@ -211,7 +232,7 @@ class TritonServer:
             f"--exit-timeout-secs={opts.exit_timeout_s}",
             "--exit-on-error=true", "--strict-readiness=true",
             # A unique shm prefix: several servers on one machine must not share Python-backend regions.
-            f"--backend-config=python,shm-region-prefix-name=ragstack_{os.getpid()}_{opts.http_port}_",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
         ]
@@ -248,6 +269,7 @@ class TritonServer:
 
     def start(self) -> "TritonServer":
         self._check_inputs()
+        remove_stale_shm_regions()
         install = find_server_install()
         check_libpython()
         backend_dir = assemble_backend_dir(install, self.work_dir / "backends")
@@ -314,6 +336,8 @@ class TritonServer:
         # Python backend stubs left behind by a crashed server are in the same process group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        # A server that exits cleanly removes its regions; a killed or aborted one leaves them in RAM.
+        remove_shm_regions(self.shm_prefix)
         if self._own_work_dir:
             backends = self.work_dir / "backends"
             shutil.rmtree(backends, ignore_errors=True)

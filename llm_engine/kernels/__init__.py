@@ -38,8 +38,8 @@ __all__ = [
     "rotary_and_write_kv",
     "rotary_and_write_kv_ref",
     "silu_and_mul",
+    "silu_and_mul_ref",
     "skinny_linear",
     "skinny_linear_ref",
-    "silu_and_mul_ref",
     "write_kv_cache_ref",
 ]

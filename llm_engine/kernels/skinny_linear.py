@@ -142,7 +142,7 @@ def skinny_linear(
 ) -> torch.Tensor:
     """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
     residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
-    given) or silu(gate) * up (gated)."""
+    given) or silu(gate) * up (gated). One launch."""
     _check_args(x, weight, bias, norm_weight, gated, residual)
     expect_launchable("x", x, "skinny_linear_ref")
     num_rows, (n, k) = x.shape[0], weight.shape
@@ -185,11 +185,15 @@ def _check_args(x, weight, bias, norm_weight, gated, residual) -> None:
             raise ValueError(f"{name} must have x's dtype {x.dtype}, got {tensor.dtype}")
     expect_last_dim_contiguous("x", x)
     expect_last_dim_contiguous("weight", weight)
-    if bias is not None:
-        expect_shape("bias", bias, (weight.shape[0],))
-    if norm_weight is not None:
-        expect_shape("norm_weight", norm_weight, (weight.shape[1],))
+    for name, tensor, size in (("bias", bias, weight.shape[0]), ("norm_weight", norm_weight, weight.shape[1])):
+        if tensor is not None:
+            expect_shape(name, tensor, (size,))
+            if not tensor.is_contiguous():
+                raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
     if residual is not None:
         expect_shape("residual", residual, (x.shape[0], weight.shape[0]))
         expect_last_dim_contiguous("residual", residual)
+        # Every program reads all of x (and the norm's pass reads it twice): x must not change under it.
+        if residual.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            raise ValueError("residual must not share memory with x: the output would overwrite the input")
     expect_same_device(x=x, weight=weight, bias=bias, norm_weight=norm_weight, residual=residual)

@@ -41,7 +41,7 @@ class LlamaAttention(nn.Module):
     def project(self, positions: torch.Tensor, hidden: torch.Tensor, slot_mapping: torch.Tensor,
                 q_out: torch.Tensor | None = None, norm: RMSNorm | None = None) -> torch.Tensor:
         """hidden [T, H] -> the rotated q [T, Hq, D] (into q_out); k and v go into the cache. With `norm`,
-        hidden is the residual stream and the norm is fused into the projection (a small decode batch)."""
+        hidden is the residual stream and the norm is fused into the projection (a step of few rows)."""
         if norm is None:
             qkv = self.qkv_proj(hidden)
         else:
@@ -70,7 +70,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden)
 
     def add_attention_and_mlp(self, attn_out: torch.Tensor, residual: torch.Tensor) -> None:
-        """after_attention for a small decode batch on one rank, in three fused projections: o into the
+        """after_attention for a step of few rows on one rank, in three fused projections: o into the
         residual, norm + gate_up, gate + down into the residual (in place)."""
         o_proj, mlp, norm = self.self_attn.o_proj, self.mlp, self.post_attention_layernorm
         ops.skinny_linear(attn_out, o_proj.weight, o_proj.bias, residual=residual)

@@ -45,13 +45,18 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
 
 
 def test_skinny_linear_row_views(gen, device):
-    """Rows sliced from a larger activation keep their stride."""
+    """Rows sliced from a larger activation, and a residual that is a row view, keep their strides."""
     hidden = randn(gen, 9, 64, dtype=torch.float32, device=device)
     weight = randn(gen, 24, 64, dtype=torch.float32, device=device)
     norm_weight = randn(gen, 64, dtype=torch.float32, device=device)
     x = hidden[::2]
     torch.testing.assert_close(skinny_linear(x, weight, norm_weight=norm_weight, eps=1e-6),
                                skinny_linear_ref(x, weight, norm_weight=norm_weight, eps=1e-6), atol=1e-4, rtol=1e-4)
+    stream = randn(gen, 10, 24, dtype=torch.float32, device=device)
+    expected = skinny_linear_ref(x, weight, residual=stream[::2].clone())
+    out = skinny_linear(x, weight, residual=stream[::2])
+    torch.testing.assert_close(stream[::2], expected, atol=1e-4, rtol=1e-4)
+    assert out.data_ptr() == stream.data_ptr()
 
 
 def test_skinny_linear_refuses_bad_input(device):
@@ -71,6 +76,14 @@ def test_skinny_linear_refuses_bad_input(device):
         skinny_linear(torch.zeros(2, 32, device=device), weight, norm_weight=torch.ones(8, device=device))
     with pytest.raises(ValueError, match=r"residual must have shape \(2, 8\)"):
         skinny_linear(torch.zeros(2, 32, device=device), weight, residual=torch.zeros(2, 32, device=device))
+    with pytest.raises(ValueError, match="bias must be contiguous"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, torch.zeros(16, device=device)[::2])
+    with pytest.raises(ValueError, match="norm_weight must be contiguous"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, norm_weight=torch.ones(64, device=device)[::2])
+    square = torch.zeros(32, 32, device=device)
+    stream = torch.zeros(2, 32, device=device)
+    with pytest.raises(ValueError, match="residual must not share memory with x"):
+        skinny_linear(stream, square, norm_weight=torch.ones(32, device=device), residual=stream)
 
 
 def test_fused_path_only_for_small_batches_and_where_configured(device):
