@@ -299,9 +299,10 @@ class ModelRunner:
         self._dummy_run([(short, 1)] * min(cfg.max_num_seqs, budget))
         if self.device.type != "cuda":
             return  # the CPU runs the torch references: nothing to compile
-        # One sequence with a long context: the decode kernel splits it (and, one row, it takes the
-        # fused small-batch projections where the launch config enables them).
+        # One sequence with a long context: the decode kernel splits it. One row, then two: the fused
+        # small-batch projections' single-row and multi-row variants, where the launch config enables them.
         self._dummy_run([(min(max_len, SPLIT_WARMUP_CONTEXT), 1)])
+        self._dummy_run([(short, 1)] * min(2, cfg.max_num_seqs))
         # Prefill batches of up to MIN_BATCH_BUCKET, then each doubling, share a variant.
         max_batch, batch = min(cfg.max_num_seqs, budget // short), MIN_BATCH_BUCKET
         while batch < max_batch:

@@ -4,7 +4,8 @@ At batch 1..16 a projection reads its whole weight for a handful of rows: it is 
 the RMSNorm before it, the SwiGLU gate before the down projection and the residual add after the o and
 down projections are separate launches of a few microseconds each (three per layer, ~0.4 ms per token
 on Llama-3-8B). Each program streams BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
-against all of x's rows (padded to the 16 rows tl.dot needs), and computes x' on the way:
+against all of x's rows (padded to the 16 rows tl.dot needs; a single row may instead be multiplied on the
+CUDA cores, launch config `single_row_on_cuda_cores`), and computes x' on the way:
 
 - plain: x' = x;
 - norm (norm_weight given): x' = rmsnorm(x) * norm_weight, each row's mean square taken in a first pass
@@ -81,6 +82,7 @@ def _skinny_linear_kernel(
     PROLOGUE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ADD_TO_OUT: tl.constexpr,
+    USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -115,11 +117,14 @@ def _skinny_linear_kernel(
             if PROLOGUE == 1:
                 norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
                 x = (x.to(tl.float32) * rstd[:, None] * norm_w[None, :]).to(w.dtype)
-        # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
-        if UPCAST_DOT:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        if USE_DOT:
+            # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
+            if UPCAST_DOT:
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        else:  # products on the CUDA cores, summed along K: no 16-row padding, no shared-memory operands
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
@@ -151,16 +156,18 @@ def skinny_linear(
         return out
     params = launch_params("skinny_linear", x.device, x.dtype)
     block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
+    use_dot = not (num_rows == 1 and params["single_row_on_cuda_cores"])
     _skinny_linear_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight, out,
         num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), eps,
-        BLOCK_M=SKINNY_MAX_ROWS,
+        BLOCK_M=SKINNY_MAX_ROWS if use_dot else 1,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         EVEN_K=k % block_k == 0,
         PROLOGUE=_NORM if norm_weight is not None else _GATED if gated else _PLAIN,
         HAS_BIAS=bias is not None,
         ADD_TO_OUT=residual is not None,
+        USE_DOT=use_dot,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
         num_warps=params["num_warps"],
