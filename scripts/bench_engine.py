@@ -17,6 +17,12 @@ it off, in the same run:
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads b --no-hf \
         --engine '{}' --engine '{"max_num_batched_tokens": 8192}'
 
+and "launch_params" in it overrides launch configs for that setting's engine (here the fused small-batch
+projections, off in h200.json until measured, against the unfused ones):
+
+    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf \
+        --engine '{}' --engine '{"launch_params": {"skinny_linear": {"max_rows": 16}}}'
+
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
     python scripts/bench_engine.py --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
@@ -24,6 +30,7 @@ Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -100,15 +107,22 @@ def measure_bandwidth() -> float:
 def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int,
                async_scheduling: bool = True, overrides: dict | None = None) -> Row:
     """Peak memory is rank 0's GPU (each rank holds its shard and KV pool). `overrides`: more
-    EngineConfig fields, named in the row's system."""
+    EngineConfig fields, and "launch_params" ({kernel: {param: value}} over launch_configs/*.json;
+    this process's kernels only, so rank 0's), named in the row's system."""
     from llm_engine import LLM, SamplingParams
+    from llm_engine.kernels.launch_config import override_launch_params
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    overrides = overrides or {}
     settings = {"dtype": "bfloat16", "kv_cache_dtype": kv_dtype, "max_model_len": max_model_len,
-                "tensor_parallel_size": tp, "async_scheduling": async_scheduling, **(overrides or {})}
+                "tensor_parallel_size": tp, "async_scheduling": async_scheduling,
+                **{k: v for k, v in overrides.items() if k != "launch_params"}}
     kv_dtype = settings["kv_cache_dtype"]
-    with LLM(model, **settings) as llm:
+    with contextlib.ExitStack() as stack:
+        for kernel, values in overrides.get("launch_params", {}).items():
+            stack.enter_context(override_launch_params(kernel, **values))
+        llm = stack.enter_context(LLM(model, **settings))  # built, warmed up and captured under them
         prompts = [ids for ids, _ in requests]
         params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
         llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
