@@ -186,7 +186,9 @@ def compile_python_models(repository: Path) -> None:
     """Byte-compile a repository's Python models before the server loads them. A stub that finds no
     bytecode writes __pycache__ into the model's directory after the load (its embedded Python ignores
     PYTHONDONTWRITEBYTECODE), which makes the model look changed: the next `load` of the unchanged model
-    would reload it instead of doing nothing. A read-only repository is left as it is."""
+    would reload it instead of doing nothing. A read-only repository is left as it is. Not covered: model
+    directories that are symlinks (compileall skips them), and a model.py edited while served (the stub
+    writes its bytecode once more at the reload)."""
     compileall.compile_dir(repository, quiet=2)
 
 
