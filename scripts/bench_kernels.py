@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 # Triton reads this when the @triton.jit kernels are defined, i.e. on import: set it first.
 if "--smoke" in sys.argv:
@@ -310,10 +311,7 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
         gate_up = skinny_linear(residual, w_gate_up, norm_weight=norm2, eps=eps)
         return qkv, skinny_linear(gate_up, w_down, gated=True, residual=residual)
 
-    class Refs:  # the unfused chain through the torch references
-        rms_norm, silu_and_mul = K.rms_norm_ref, K.silu_and_mul_ref
-
-    unfused_expected = unfused(start.clone(), Refs)
+    unfused_expected = unfused(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, silu_and_mul=K.silu_and_mul_ref))
     fused_expected = fused(start.clone(), K.skinny_linear_ref)
 
     def check(chain, expected):
