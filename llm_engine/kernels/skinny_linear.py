@@ -3,25 +3,24 @@
 At batch 1..16 a projection reads its whole weight for a handful of rows: it is bound by HBM reads, and
 the RMSNorm before it, the SwiGLU gate before the down projection and the residual add after the o and
 down projections are separate launches of a few microseconds each (at batch 1 on Llama-3-8B the small
-kernels, cuBLAS's split-K reduces among them, took 0.60 ms of 4.46 ms per token). Each program streams BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
+kernels, cuBLAS's split-K reduces among them, took 0.60 ms of 4.46 ms per token). Each program streams
+BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
 against all of x's rows (padded to the 16 rows tl.dot needs; a single row may instead be multiplied on the
-CUDA cores, launch config `single_row_on_cuda_cores`), and computes x' on the way:
+CUDA cores, launch config `single_row_on_cuda_cores` with its own `single_row_*` tile config, each thread's
+products summed along K only after the loop), and computes x' on the way:
 
 - plain: x' = x;
 - norm (norm_weight given): x' = rmsnorm(x) * norm_weight, each row's mean square taken in a first pass
   over x (x is a few KB, read from L2 by every program);
 - gated: x = [gate | up] and x' = silu(gate) * up.
 
-With `residual`, the output goes into it in place: residual += y (y rounded to the output dtype first, as
-the unfused ops round it). Only the program that finishes a column block writes it, so no other program
-sees a half-updated residual. The roundings are those of rms_norm, silu_and_mul and the residual add.
+Measured on the H200 (docs/benchmarks.md): a layer's four projections for one row take 134 us fused on the
+CUDA cores against 135-137 us unfused, and (a) runs 2-3% faster; for 8 or 16 rows the tensor-core variant
+takes 394 us, 2.9x cuBLAS, so h200.json fuses single rows only (max_rows 1).
 
-Split K: a projection with few column blocks (the o and down projections: 4096 columns) leaves the SMs
-too few bytes in flight to stream at full bandwidth, so launch config `split_k_programs` (0: never) asks
-for about that many programs: each column block's K range is cut into splits that write float32 partial
-sums to a workspace. The last split of a block to arrive (an acq_rel counter per block) sums the partials
-in split order, so the result does not depend on which split came last, applies the epilogue, and resets
-the counter to 0 for the next launch (and CUDA-graph replay). One launch still, deterministic.
+With `residual`, the output goes into it in place: residual += y (y rounded to the output dtype first, as
+the unfused ops round it). Each program reads and writes only its own columns, so no other program
+sees a half-updated residual. The roundings are those of rms_norm, silu_and_mul and the residual add.
 """
 from __future__ import annotations
 
@@ -44,11 +43,6 @@ from llm_engine.kernels.rms_norm import rms_norm_ref
 # x rows one program covers: tl.dot's smallest M. Larger batches go to cuBLAS and the unfused ops.
 SKINNY_MAX_ROWS = 16
 _PLAIN, _NORM, _GATED = 0, 1, 2
-# Split-K arrival counters per device, one per column block; a launch with more blocks does not split.
-_MAX_SPLIT_BLOCKS = 1 << 16
-_MAX_SPLITS = 16
-_split_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-_outgrown_partials: list[torch.Tensor] = []  # kept: a CUDA graph captured earlier may still write them
 
 
 def fits_skinny_linear(x: torch.Tensor) -> bool:
@@ -85,8 +79,8 @@ def skinny_linear_ref(
 # The row count changes with the batch: not specialised on, so one variant per weight shape and mode.
 @triton.jit(do_not_specialize=["M"])
 def _skinny_linear_kernel(
-    x_ptr, w_ptr, b_ptr, norm_w_ptr, out_ptr, partials_ptr, counters_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, eps, k_per_split, num_splits,
+    x_ptr, w_ptr, b_ptr, norm_w_ptr, out_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -97,11 +91,9 @@ def _skinny_linear_kernel(
     USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    SPLIT: tl.constexpr,
 ):
-    block = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
-    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < M
     col_mask = cols < N
     x_rows = x_ptr + rows[:, None] * stride_xm
@@ -114,10 +106,9 @@ def _skinny_linear_kernel(
         rstd = tl.math.rsqrt(sum_sq / K + eps)
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:  # products summed along K only after the loop: no cross-thread reduction per tile
+    else:  # summed along K only after the loop: no cross-thread reduction or layout conversion per tile
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    k_first = tl.program_id(1) * k_per_split  # a multiple of BLOCK_K
-    for k_start in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
+    for k_start in range(0, K, BLOCK_K):
         ks = k_start + tl.arange(0, BLOCK_K)
         if EVEN_K:  # no mask along K: full-width vector loads
             x_mask = row_mask[:, None]
@@ -145,29 +136,10 @@ def _skinny_linear_kernel(
             acc += w.to(tl.float32) * tl.sum(x.to(tl.float32), axis=0)[None, :]  # x: the one row
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]
-    out_mask = row_mask[:, None] & col_mask[None, :]
-    if SPLIT:
-        partial_offsets = rows[:, None] * N + cols[None, :]  # partials: [num_splits, BLOCK_M, N]
-        tl.store(partials_ptr + tl.program_id(1) * BLOCK_M * N + partial_offsets, acc, mask=out_mask)
-        tl.debug_barrier()  # every thread's partial stored before the release below
-        if tl.atomic_add(counters_ptr + block, 1, sem="acq_rel") == num_splits - 1:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for split in range(num_splits):  # in split order: the same sum whichever split came last
-                acc += tl.load(partials_ptr + split * BLOCK_M * N + partial_offsets, mask=out_mask, other=0.0,
-                               cache_modifier=".cg")  # from L2, where the other SMs' stores are
-            _finish(acc, b_ptr, out_ptr, rows, cols, col_mask, out_mask, stride_om, HAS_BIAS, ADD_TO_OUT)
-            tl.atomic_xchg(counters_ptr + block, 0)
-    else:
-        _finish(acc, b_ptr, out_ptr, rows, cols, col_mask, out_mask, stride_om, HAS_BIAS, ADD_TO_OUT)
-
-
-@triton.jit
-def _finish(acc, b_ptr, out_ptr, rows, cols, col_mask, out_mask, stride_om,
-            HAS_BIAS: tl.constexpr, ADD_TO_OUT: tl.constexpr):
-    """The epilogue: bias, rounding to the output dtype, and the store or the residual add."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    out_mask = row_mask[:, None] & col_mask[None, :]
     y = acc.to(out_ptr.dtype.element_ty)
     if ADD_TO_OUT:
         y = (y.to(tl.float32) + tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)).to(out_ptr.dtype.element_ty)
@@ -194,19 +166,14 @@ def skinny_linear(
     if num_rows == 0 or n == 0:
         return out
     params = launch_params("skinny_linear", x.device, x.dtype)
-    block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
     use_dot = not (num_rows == 1 and params["single_row_on_cuda_cores"])
-    block_m = SKINNY_MAX_ROWS if use_dot else 1
-    num_blocks, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
-    num_splits = _num_splits(params["split_k_programs"], num_blocks, k_tiles)
-    k_per_split = triton.cdiv(k_tiles, num_splits) * block_k
-    num_splits = triton.cdiv(k, k_per_split)  # none left empty
-    partials, counters = _scratch(x.device, num_splits * block_m * n) if num_splits > 1 else (out, out)
-    _skinny_linear_kernel[(num_blocks, num_splits)](
+    if not use_dot:  # the single-row variant's own tile config (no 16-column minimum)
+        params = {key: params["single_row_" + key] for key in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+    block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
+    _skinny_linear_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight, out,
-        partials, counters,
-        num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), eps, k_per_split, num_splits,
-        BLOCK_M=block_m,
+        num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), eps,
+        BLOCK_M=SKINNY_MAX_ROWS if use_dot else 1,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         EVEN_K=k % block_k == 0,
@@ -216,37 +183,10 @@ def skinny_linear(
         USE_DOT=use_dot,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
-        SPLIT=num_splits > 1,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
     )
     return out
-
-
-def _num_splits(target_programs: int, num_blocks: int, k_tiles: int) -> int:
-    """K splits per column block for about target_programs programs (0: no split), at most one per K tile."""
-    if target_programs <= num_blocks or num_blocks > _MAX_SPLIT_BLOCKS:
-        return 1
-    return min(triton.cdiv(target_programs, num_blocks), k_tiles, _MAX_SPLITS)
-
-
-def _scratch(device: torch.device, partial_count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device's split-K partials (every launch writes them before it reads them) and its arrival
-    counters (zeroed once; each launch leaves them at 0). Launches on one stream share them."""
-    partials, counters = _split_scratch.get(device, (None, None))
-    if counters is not None and partials.numel() >= partial_count:
-        return partials, counters
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # A zeroing captured into a graph would not run now, and a graph's buffers come from its own pool.
-        raise RuntimeError("skinny_linear's split-K buffers must be allocated before CUDA-graph capture: run "
-                           "each projection eagerly first, at 2 rows or more (the engine's warm-up does)")
-    if counters is None:
-        counters = torch.zeros(_MAX_SPLIT_BLOCKS, dtype=torch.int32, device=device)
-    else:
-        _outgrown_partials.append(partials)
-    partials = torch.empty(partial_count, dtype=torch.float32, device=device)
-    _split_scratch[device] = partials, counters
-    return partials, counters
 
 
 def _check_args(x, weight, bias, norm_weight, gated, residual) -> None:

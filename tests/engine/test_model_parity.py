@@ -78,11 +78,13 @@ def run_device(request):
     return request.param
 
 
-@pytest.fixture(params=["unfused", "fused"])
+@pytest.fixture(params=["unfused", "fused", "fused, one row on CUDA cores"])
 def small_batch_fusion(request):
-    """Both paths of a small decode batch: cuBLAS projections with separate norm, gate and residual
-    ops, and the projections with those fused in (kernels/skinny_linear.py, on wherever max_rows allows)."""
-    with override_launch_params("skinny_linear", max_rows=SKINNY_MAX_ROWS if request.param == "fused" else 0):
+    """The paths of a small decode batch: cuBLAS projections with separate norm, gate and residual ops,
+    and the projections with those fused in (kernels/skinny_linear.py, on wherever max_rows allows),
+    a single row on the tensor cores or on the CUDA cores."""
+    with override_launch_params("skinny_linear", max_rows=0 if request.param == "unfused" else SKINNY_MAX_ROWS,
+                                single_row_on_cuda_cores=request.param.endswith("CUDA cores")):
         yield request.param
 
 
