@@ -17,11 +17,11 @@ it off, in the same run:
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads b --no-hf \
         --engine '{}' --engine '{"max_num_batched_tokens": 8192}'
 
-and "launch_params" in it overrides launch configs for that setting's engine (here the fused small-batch
-projections, off in h200.json until measured, against the unfused ones):
+and "launch_params" in it overrides launch configs for that setting's engine (here h200.json's fused
+single-row projections against the unfused ones):
 
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf \
-        --engine '{}' --engine '{"launch_params": {"skinny_linear": {"max_rows": 16}}}'
+        --engine '{}' --engine '{"launch_params": {"skinny_linear": {"max_rows": 0}}}'
 
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
