@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from llm_engine.kernels._validate import (
     expect_last_dim_contiguous,
@@ -91,12 +92,19 @@ def _skinny_linear_kernel(
     USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < M
     col_mask = cols < N
     x_rows = x_ptr + rows[:, None] * stride_xm
+    # The weights do not depend on the kernel before: under programmatic dependent launch the first
+    # tile is on its way while that kernel finishes, and only x, the residual and the output wait for it.
+    w = _weight_tile(w_ptr, cols, col_mask, tl.arange(0, BLOCK_K), K, stride_wn, EVEN_K)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     if PROLOGUE == 1:  # norm: each row's mean square over all of K first
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k_start in range(0, K, BLOCK_K):
@@ -104,36 +112,19 @@ def _skinny_linear_kernel(
             xs = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
             sum_sq += tl.sum(xs * xs, axis=1)
         rstd = tl.math.rsqrt(sum_sq / K + eps)
+    else:
+        rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)  # unused
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:  # summed along K only after the loop: no cross-thread reduction or layout conversion per tile
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k_start in range(0, K, BLOCK_K):
+    acc = _accumulate(acc, w, x_rows, row_mask, tl.arange(0, BLOCK_K), K, rstd, norm_w_ptr,
+                      EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
+    for k_start in range(BLOCK_K, K, BLOCK_K):
         ks = k_start + tl.arange(0, BLOCK_K)
-        if EVEN_K:  # no mask along K: full-width vector loads
-            x_mask = row_mask[:, None]
-            w_mask = col_mask[:, None]
-        else:
-            x_mask = row_mask[:, None] & (ks < K)[None, :]
-            w_mask = col_mask[:, None] & (ks < K)[None, :]
-        w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=w_mask, other=0.0)
-        if PROLOGUE == 2:  # gated: x holds [gate | up], K wide each
-            gate = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_rows + K + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            x = (gate * tl.sigmoid(gate) * up).to(w.dtype)
-        else:
-            x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
-            if PROLOGUE == 1:
-                norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-                x = (x.to(tl.float32) * rstd[:, None] * norm_w[None, :]).to(w.dtype)
-        if USE_DOT:
-            # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
-            if UPCAST_DOT:
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
-        else:  # products on the CUDA cores: no 16-row padding, no shared-memory operands
-            acc += w.to(tl.float32) * tl.sum(x.to(tl.float32), axis=0)[None, :]  # x: the one row
+        w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K)
+        acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
+                          EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]
     if HAS_BIAS:
@@ -144,6 +135,39 @@ def _skinny_linear_kernel(
     if ADD_TO_OUT:
         y = (y.to(tl.float32) + tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, y, mask=out_mask)
+
+
+@triton.jit
+def _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K: tl.constexpr):
+    """Weight rows `cols` at columns ks: [BLOCK_N, BLOCK_K] (no mask along K when K is whole tiles: full-width
+    vector loads)."""
+    mask = col_mask[:, None] if EVEN_K else col_mask[:, None] & (ks < K)[None, :]
+    return tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """acc + x' w^T for one K tile, x' computed from x's columns ks on the way."""
+    x_mask = row_mask[:, None] if EVEN_K else row_mask[:, None] & (ks < K)[None, :]
+    if PROLOGUE == 2:  # gated: x holds [gate | up], K wide each
+        gate = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+        up = tl.load(x_rows + K + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * up).to(w.dtype)
+    else:
+        x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
+        if PROLOGUE == 1:
+            norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) * rstd[:, None] * norm_w[None, :]).to(w.dtype)
+    if USE_DOT:
+        # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
+        if UPCAST_DOT:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+    else:  # products on the CUDA cores: no 16-row padding, no shared-memory operands
+        acc += w.to(tl.float32) * tl.sum(x.to(tl.float32), axis=0)[None, :]  # x: the one row
+    return acc
 
 
 def skinny_linear(
@@ -166,6 +190,7 @@ def skinny_linear(
     if num_rows == 0 or n == 0:
         return out
     params = launch_params("skinny_linear", x.device, x.dtype)
+    pdl = params["programmatic_dependent_launch"] and not interpreting()
     use_dot = not (num_rows == 1 and params["single_row_on_cuda_cores"])
     if not use_dot:  # the single-row variant's own tile config (no 16-column minimum)
         params = {key: params["single_row_" + key] for key in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
@@ -183,8 +208,10 @@ def skinny_linear(
         USE_DOT=use_dot,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
+        PDL=pdl,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
 
