@@ -14,9 +14,15 @@ products summed along K only after the loop), and computes x' on the way:
   over x (x is a few KB, read from L2 by every program);
 - gated: x = [gate | up] and x' = silu(gate) * up.
 
-Measured on the H200 (docs/benchmarks.md): a layer's four projections for one row take 134 us fused on the
-CUDA cores against 135-137 us unfused, and (a) runs 2-3% faster; for 8 or 16 rows the tensor-core variant
-takes 394 us, 2.9x cuBLAS, so h200.json fuses single rows only (max_rows 1).
+Each program loads its first weight tile before anything that depends on the previous kernel (x, the
+norm's first pass, the residual): the weights are constant, so that load overlaps the norm's pass and,
+under programmatic dependent launch (launch config `programmatic_dependent_launch`: launched with
+launch_pdl, the dependent part after gdc_wait), the previous kernel's tail.
+
+Measured on the H200 (docs/benchmarks.md): a layer's four projections for one row take 123.7 us fused on
+the CUDA cores with PDL (126.5 without, 134.7 before the first tile moved ahead of the norm's pass)
+against 139 us unfused, and (a) runs at 231 tok/s against 209; for 8 or 16 rows the tensor-core variant
+is about 3x slower than cuBLAS, so h200.json fuses single rows only (max_rows 1).
 
 With `residual`, the output goes into it in place: residual += y (y rounded to the output dtype first, as
 the unfused ops round it). Each program reads and writes only its own columns, so no other program
