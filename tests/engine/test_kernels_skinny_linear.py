@@ -47,9 +47,11 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("block_n", [4, 16])
-def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n, pdl):
     """The launch config may send a single row through products summed on the CUDA cores (no tl.dot,
-    so tiles narrower than 16 columns too)."""
+    so tiles narrower than 16 columns too), with programmatic dependent launch on a GPU (the
+    interpreter launches plainly)."""
     options = dict(MODES[mode])
     x = randn(gen, 1, 96 * (2 if options.get("gated") else 1), dtype=dtype, device=device)
     weight = randn(gen, 40, 96, dtype=dtype, device=device) / 96**0.5
@@ -57,7 +59,8 @@ def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n)
         options["norm_weight"] = randn(gen, 96, dtype=dtype, device=device)
     residual = randn(gen, 1, 40, dtype=dtype, device=device)
     expected = skinny_linear_ref(x, weight, residual=residual.clone(), **options)
-    with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, single_row_BLOCK_N=block_n):
+    with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, single_row_BLOCK_N=block_n,
+                                programmatic_dependent_launch=pdl):
         out = skinny_linear(x, weight, residual=residual, **options)
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
 
