@@ -2,9 +2,10 @@
 
 `launch_configs/<family>.json` is used when <family> (the file stem) appears in the lower-cased
 CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/interpreter runs,
-use default.json. Each kernel's section holds a "default" entry and optional per-dtype
-overrides: "float32": {...} for tiles that would not fit in shared memory at 4 bytes an element,
-"float8_e4m3fn": {...} for FP8 KV, whose half-size tiles want longer loops in flight.
+use default.json. Each kernel's section holds a "default" entry and optional overrides per dtype
+or variant: "float32": {...} for tiles that would not fit in shared memory at 4 bytes an element,
+"float8_e4m3fn": {...} for FP8 KV, whose half-size tiles want longer loops in flight,
+"single_row": {...} for skinny_linear's one-row variant on the CUDA cores.
 Values are chosen offline: nothing is autotuned on the hot path. `override_launch_params` lets
 a benchmark sweep try other values without editing the JSON.
 """
@@ -22,15 +23,15 @@ CONFIG_DIR = Path(__file__).parent / "launch_configs"
 _overrides: dict[str, dict] = {}
 
 
-def launch_params(kernel: str, device: torch.device, *dtypes: torch.dtype) -> dict:
+def launch_params(kernel: str, device: torch.device, *entries: torch.dtype | str) -> dict:
     """Parameters of one kernel: its "default" entry, overlaid by the entries named after each
-    of dtypes in turn (e.g. the query's, then the KV cache's), then by any override_launch_params
-    in force.
+    of entries in turn (dtypes, e.g. the query's, then the KV cache's; or a variant's name), then
+    by any override_launch_params in force.
 
     A GPU family's file may leave kernels out; those come from default.json. The result is
     shared between calls (every layer's launches ask): read it, do not modify it.
     """
-    params = _configured(kernel, _device_family(device), dtypes)
+    params = _configured(kernel, _device_family(device), entries)
     override = _overrides.get(kernel)
     if not override:
         return params
@@ -41,11 +42,11 @@ def launch_params(kernel: str, device: torch.device, *dtypes: torch.dtype) -> di
 
 
 @functools.cache
-def _configured(kernel: str, family: str, dtypes: tuple[torch.dtype, ...]) -> dict:
+def _configured(kernel: str, family: str, entries: tuple[torch.dtype | str, ...]) -> dict:
     section = _config_for(family).get(kernel) or _config_for("default")[kernel]
     params = dict(section["default"])
-    for dtype in dtypes:
-        params.update(section.get(str(dtype).removeprefix("torch."), {}))
+    for entry in entries:
+        params.update(section.get(entry if isinstance(entry, str) else str(entry).removeprefix("torch."), {}))
     return params
 
 

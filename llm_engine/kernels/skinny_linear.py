@@ -6,7 +6,7 @@ down projections are separate launches of a few microseconds each (at batch 1 on
 kernels, cuBLAS's split-K reduces among them, took 0.60 ms of 4.46 ms per token). Each program streams
 BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
 against all of x's rows (padded to the 16 rows tl.dot needs; a single row may instead be multiplied on the
-CUDA cores, launch config `single_row_on_cuda_cores` with its own `single_row_*` tile config, each thread's
+CUDA cores, launch config `single_row_on_cuda_cores` with tiles from its "single_row" entry, each thread's
 products summed along K only after the loop), and computes x' on the way:
 
 - plain: x' = x;
@@ -196,10 +196,10 @@ def skinny_linear(
     if num_rows == 0 or n == 0:
         return out
     params = launch_params("skinny_linear", x.device, x.dtype)
-    pdl = params["programmatic_dependent_launch"] and not interpreting()
     use_dot = not (num_rows == 1 and params["single_row_on_cuda_cores"])
-    if not use_dot:  # the single-row variant's own tile config (no 16-column minimum)
-        params = {key: params["single_row_" + key] for key in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+    if not use_dot:  # the single-row variant's own tiles (no 16-column minimum)
+        params = launch_params("skinny_linear", x.device, x.dtype, "single_row")
+    pdl = params["programmatic_dependent_launch"] and not interpreting()
     block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
     _skinny_linear_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight, out,

@@ -59,7 +59,7 @@ def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n,
         options["norm_weight"] = randn(gen, 96, dtype=dtype, device=device)
     residual = randn(gen, 1, 40, dtype=dtype, device=device)
     expected = skinny_linear_ref(x, weight, residual=residual.clone(), **options)
-    with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, single_row_BLOCK_N=block_n,
+    with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, BLOCK_N=block_n,
                                 programmatic_dependent_launch=pdl):
         out = skinny_linear(x, weight, residual=residual, **options)
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
