@@ -257,6 +257,41 @@ def test_decode_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, he
                  torch.bfloat16)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_rotary_write_then_decode_chain(gen, device, cache_dtype, pdl):
+    """A decode step's chain launched back to back, as a layer runs it: a kernel producing q, k, v, the
+    rotary + KV write of the new tokens, then decode attention over contexts that end with them. Under
+    programmatic dependent launch (on a GPU; the interpreter launches plainly) each kernel starts
+    before the one it depends on ends, and must still see the new tokens' q and KV."""
+    num_q_heads, num_kv_heads, head_dim = 8, 2, 64
+    context_lens = [1, 17, 80, 200]
+    kv = make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, cache_dtype)
+    positions = kv.context_lens.long() - 1
+    block_size = kv.k_cache.shape[1]
+    rows = torch.arange(len(context_lens), device=device)
+    slots = kv.block_tables[rows, positions // block_size].long() * block_size + positions % block_size
+    table = compute_cos_sin_cache(head_dim, 256, 10000.0, None).to(device)
+    dtype = torch.bfloat16
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    hidden = randn(gen, len(context_lens), width, dtype=dtype, device=device)
+    gain = randn(gen, width, dtype=dtype, device=device)
+    scales = (kv.k_scale, kv.v_scale)
+    ref_caches = [None if t is None else t.clone() for t in (kv.k_cache, kv.v_cache, *scales)]
+    params = {"programmatic_dependent_launch": pdl}
+    with override_launch_params("rotary_and_write_kv", **params), \
+            override_launch_params("paged_decode_attention", **params):
+        qkv = hidden * gain  # the producer: a kernel the rotary launch may overlap
+        q, k, v = qkv.view(len(context_lens), -1, head_dim).split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+        q_rot = rotary_and_write_kv(q, k, v, positions, table, kv.k_cache, kv.v_cache, slots, *scales)
+        out = paged_decode_attention(q_rot, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens,
+                                     head_dim**-0.5, *scales)
+    q_ref = rotary_and_write_kv_ref(q, k, v, positions, table, *ref_caches[:2], slots, *ref_caches[2:])
+    expected = paged_decode_attention_ref(q_ref, *ref_caches[:2], kv.block_tables, kv.context_lens,
+                                          head_dim**-0.5, *ref_caches[2:])
+    assert_close(out, expected, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8])
 def test_decode_short_contexts_use_fewer_splits(gen, device, dtype):
     """The heuristic's split count is an upper bound: with splits of at least 32 tokens, these
