@@ -328,9 +328,11 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
               check=check(unfused, unfused_expected), bytes=weight_bytes),
         Bench(f"layer projections b={rows} fused", shape, "skinny_linear", call=lambda: fused(residual),
               check=check(fused, fused_expected), bytes=weight_bytes,
+              # overriding the "single_row" entry's tiles; num_stages 1 or 2: the next weight tile prefetched
               candidates=[({"single_row_on_cuda_cores": True, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w,
-                            "num_stages": 2}, {})  # overriding the "single_row" entry's tiles
-                          for n, k, w in itertools.product((4, 8, 16), (512, 1024, 2048), (2, 4, 8))] if rows == 1 else
+                            "num_stages": st}, {})
+                          for n, k, w, st in itertools.product((4, 8, 16), (512, 1024, 2048), (4,), (1, 2))]
+              if rows == 1 else
                          [({"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": st}, {})
                           for n, k, w, st in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]),
     ]
@@ -358,6 +360,7 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "rms_norm": lambda: [rms_norm_bench(s, gen)],
         "silu": lambda: [silu_bench(s, gen)],
         "layer_small_batch": lambda: [b for rows in SMALL_BATCHES for b in layer_projection_benches(s, rows, gen)],
+        "layer_single_row": lambda: layer_projection_benches(s, 1, gen),
     }
 
 
@@ -486,7 +489,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
                         "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu, "
-                        "layer_small_batch")
+                        "layer_small_batch, layer_single_row (its one-row case alone)")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
