@@ -7,9 +7,7 @@ kernels, cuBLAS's split-K reduces among them, took 0.60 ms of 4.46 ms per token)
 BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
 against all of x's rows (padded to the 16 rows tl.dot needs; a single row may instead be multiplied on the
 CUDA cores, launch config `single_row_on_cuda_cores` with tiles from its "single_row" entry, each thread's
-products summed along K only after the loop; Triton pipelines only loads that feed tl.dot, so there
-num_stages >= 2 loads the next weight tile by hand while the current one is multiplied), and computes
-x' on the way:
+products summed along K only after the loop), and computes x' on the way:
 
 - plain: x' = x;
 - norm (norm_weight given): x' = rmsnorm(x) * norm_weight, each row's mean square taken in a first pass
@@ -101,7 +99,6 @@ def _skinny_linear_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,26 +124,13 @@ def _skinny_linear_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:  # summed along K only after the loop: no cross-thread reduction or layout conversion per tile
         acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-    if PREFETCH:
-        # Triton pipelines only the loads that feed tl.dot: here the next weight tile is loaded by hand
-        # before this one is multiplied, so a DRAM read is in flight while the products run.
-        ks = tl.arange(0, BLOCK_K)
-        for k_start in range(BLOCK_K, K, BLOCK_K):
-            ks_next = k_start + tl.arange(0, BLOCK_K)
-            w_next = _weight_tile(w_ptr, cols, col_mask, ks_next, K, stride_wn, EVEN_K)
-            acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
-                              EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
-            w, ks = w_next, ks_next
+    acc = _accumulate(acc, w, x_rows, row_mask, tl.arange(0, BLOCK_K), K, rstd, norm_w_ptr,
+                      EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
+    for k_start in range(BLOCK_K, K, BLOCK_K):
+        ks = k_start + tl.arange(0, BLOCK_K)
+        w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K)
         acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
                           EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
-    else:
-        acc = _accumulate(acc, w, x_rows, row_mask, tl.arange(0, BLOCK_K), K, rstd, norm_w_ptr,
-                          EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
-        for k_start in range(BLOCK_K, K, BLOCK_K):
-            ks = k_start + tl.arange(0, BLOCK_K)
-            w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K)
-            acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
-                              EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]
     if HAS_BIAS:
@@ -232,8 +216,6 @@ def skinny_linear(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
         PDL=pdl,
-        # The single row's loop has no tl.dot for Triton to pipeline: num_stages >= 2 prefetches by hand.
-        PREFETCH=not use_dot and params["num_stages"] >= 2,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
         **({"launch_pdl": True} if pdl else {}),
