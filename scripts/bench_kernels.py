@@ -328,11 +328,9 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
               check=check(unfused, unfused_expected), bytes=weight_bytes),
         Bench(f"layer projections b={rows} fused", shape, "skinny_linear", call=lambda: fused(residual),
               check=check(fused, fused_expected), bytes=weight_bytes,
-              # overriding the "single_row" entry's tiles; num_stages 1 or 2: the next weight tile prefetched
               candidates=[({"single_row_on_cuda_cores": True, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w,
-                            "num_stages": st}, {})
-                          for n, k, w, st in itertools.product((4, 8, 16), (512, 1024, 2048), (4,), (1, 2))]
-              if rows == 1 else
+                            "num_stages": 2}, {})  # overriding the "single_row" entry's tiles
+                          for n, k, w in itertools.product((4, 8, 16), (512, 1024, 2048), (2, 4, 8))] if rows == 1 else
                          [({"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": st}, {})
                           for n, k, w, st in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]),
     ]

@@ -6,16 +6,13 @@ log-sum-exp in the same launch: each split stores its partial and counts itself 
 (sequence, kv head) counter, and the split that arrives last merges them all and resets the counter.
 A second merge kernel would cost a launch per layer, a sizeable share of a small-batch decode step.
 A context shorter than the split count needs runs on fewer splits (at least `min_tokens_per_split`
-each); one split writes the output directly. Under programmatic dependent launch (launch config
-`programmatic_dependent_launch`) a program reads its context length and places its split while the
-kernel before (the new token's KV write) finishes; q and the cache wait for it (gdc_wait).
+each); one split writes the output directly.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from llm_engine.kernels._paged_kv import attend_kv_tile, dot_operand
 from llm_engine.kernels._validate import (
@@ -93,7 +90,6 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     FP8_AS_FP16: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -103,9 +99,6 @@ def _decode_split_kernel(
     # than min_split_len (a multiple of BLOCK_N), so a short context uses only its first splits.
     split_len = tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N) * BLOCK_N, min_split_len)
     num_active = tl.cdiv(context_len, split_len)
-    if PDL:  # the context length is step input; q and the new token's KV come from the kernel before
-        gdc_launch_dependents()
-        gdc_wait()
     if split < num_active:
         split_start = split * split_len
         split_end = tl.minimum(split_start + split_len, context_len)
@@ -212,7 +205,6 @@ def paged_decode_attention(
     group = num_q_heads // num_kv_heads
     is_fp8 = k_cache.dtype == torch.float8_e4m3fn
     block_n = params["BLOCK_N"]
-    pdl = params["programmatic_dependent_launch"] and not interpreting()
     # An explicit split count is used whole (tests and sweeps rely on it); the heuristic's is an
     # upper bound that short contexts do not fill.
     min_split_len = block_n if explicit_splits else triton.cdiv(params["min_tokens_per_split"], block_n) * block_n
@@ -239,10 +231,8 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
         FP8_AS_FP16=is_fp8 and q.dtype == torch.bfloat16,
-        PDL=pdl,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
-        **({"launch_pdl": True} if pdl else {}),
         # A register cap (data: launch_configs) that buys a resident block per SM; whether it spills
         # depends on the Triton version (scripts/kernel_report.py tells, on the CPU).
         maxnreg=params["maxnreg"],

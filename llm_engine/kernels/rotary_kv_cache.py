@@ -3,20 +3,17 @@
 Attention reads K only from the cache, so the rotated K never needs a tensor of its own: one
 program per token rotates its query heads into a new q, and its key heads on their way into the
 cache slot, with V (FP8 caches: quantized per head). One launch instead of two per layer: at small
-batches a decode step is mostly launches. Under programmatic dependent launch (launch config
-`programmatic_dependent_launch`) the position, its cos/sin and the slot, which the step's inputs hold, are
-loaded while the projection before finishes; q, k and v wait for it (gdc_wait).
+batches a decode step is mostly launches.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from llm_engine.kernels._validate import expect_launchable, expect_power_of_two, expect_same_device, output_like
 from llm_engine.kernels.kv_cache import check_write_args, store_token_heads, write_kv_cache_ref
-from llm_engine.kernels.launch_config import interpreting, launch_params
+from llm_engine.kernels.launch_config import launch_params
 from llm_engine.kernels.rotary import apply_rotary_ref, check_rotary_args, rotate_heads
 
 
@@ -55,23 +52,19 @@ def _rotary_and_write_kv_kernel(
     BLOCK_KV_HEADS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     IS_FP8: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     token = tl.program_id(0)
     position = tl.load(positions_ptr + token)
     dims = tl.arange(0, HALF_DIM)[None, :]
     cos = tl.load(cos_sin_ptr + position * stride_cos_sin + dims)
     sin = tl.load(cos_sin_ptr + position * stride_cos_sin + HALF_DIM + dims)
-    slot = tl.load(slot_ptr + token)
-    if PDL:  # the above is step input; q, k and v come from the kernel before
-        gdc_launch_dependents()
-        gdc_wait()
     q1, q2 = rotate_heads(q_ptr + token * stride_qt, stride_qh, num_q_heads, cos, sin, HALF_DIM, BLOCK_Q_HEADS)
     q_dst = q_out_ptr + token * stride_qot + tl.arange(0, BLOCK_Q_HEADS)[:, None] * stride_qoh + dims
     q_mask = tl.arange(0, BLOCK_Q_HEADS)[:, None] < num_q_heads
     tl.store(q_dst, q1.to(q_out_ptr.dtype.element_ty), mask=q_mask)
     tl.store(q_dst + HALF_DIM, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
 
+    slot = tl.load(slot_ptr + token)
     if slot >= 0:
         k1, k2 = rotate_heads(k_ptr + token * stride_kt, stride_kh, num_kv_heads, cos, sin, HALF_DIM,
                               BLOCK_KV_HEADS)
@@ -113,7 +106,6 @@ def rotary_and_write_kv(
     is_fp8 = k_cache.dtype == torch.float8_e4m3fn
     num_kv_heads = k.shape[1]
     params = launch_params("rotary_and_write_kv", q.device)
-    pdl = params["programmatic_dependent_launch"] and not interpreting()
     _rotary_and_write_kv_kernel[(num_tokens,)](
         q, k, v, q_out, positions, cos_sin_cache, slot_mapping,
         k_cache, v_cache, k_scale if is_fp8 else k_cache, v_scale if is_fp8 else v_cache,
@@ -126,9 +118,7 @@ def rotary_and_write_kv(
         BLOCK_KV_HEADS=triton.next_power_of_2(num_kv_heads),
         PAGE_SIZE=k_cache.shape[1],
         IS_FP8=is_fp8,
-        PDL=pdl,
         num_warps=params["num_warps"],
-        **({"launch_pdl": True} if pdl else {}),
     )
     return q_out
 

@@ -123,7 +123,7 @@ def _skinny_linear_kernel(
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:  # summed along K only after the loop: no cross-thread reduction or layout conversion per tile
-        acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc = _accumulate(acc, w, x_rows, row_mask, tl.arange(0, BLOCK_K), K, rstd, norm_w_ptr,
                       EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     for k_start in range(BLOCK_K, K, BLOCK_K):
@@ -172,8 +172,7 @@ def _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr, EVEN_K: tl.co
             w = w.to(tl.float32)
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
     else:  # products on the CUDA cores: no 16-row padding, no shared-memory operands
-        prod = w.to(tl.float32) * tl.sum(x.to(tl.float32), axis=0)[None, :]  # x: the one row
-        acc += tl.sum(tl.reshape(prod, [prod.shape[0], prod.shape[1] // 8, 8]), axis=2)
+        acc += w.to(tl.float32) * tl.sum(x.to(tl.float32), axis=0)[None, :]  # x: the one row
     return acc
 
 

@@ -258,12 +258,10 @@ def test_decode_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, he
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
-@pytest.mark.parametrize("pdl", [False, True])
-def test_rotary_write_then_decode_chain(gen, device, cache_dtype, pdl):
+def test_rotary_write_then_decode_chain(gen, device, cache_dtype):
     """A decode step's chain launched back to back, as a layer runs it: a kernel producing q, k, v, the
-    rotary + KV write of the new tokens, then decode attention over contexts that end with them. Under
-    programmatic dependent launch (on a GPU; the interpreter launches plainly) each kernel starts
-    before the one it depends on ends, and must still see the new tokens' q and KV."""
+    rotary + KV write of the new tokens, then decode attention over contexts that end with them: it
+    sees the new tokens' rotated q and their KV at the last position of each context."""
     num_q_heads, num_kv_heads, head_dim = 8, 2, 64
     context_lens = [1, 17, 80, 200]
     kv = make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, cache_dtype)
@@ -278,14 +276,11 @@ def test_rotary_write_then_decode_chain(gen, device, cache_dtype, pdl):
     gain = randn(gen, width, dtype=dtype, device=device)
     scales = (kv.k_scale, kv.v_scale)
     ref_caches = [None if t is None else t.clone() for t in (kv.k_cache, kv.v_cache, *scales)]
-    params = {"programmatic_dependent_launch": pdl}
-    with override_launch_params("rotary_and_write_kv", **params), \
-            override_launch_params("paged_decode_attention", **params):
-        qkv = hidden * gain  # the producer: a kernel the rotary launch may overlap
-        q, k, v = qkv.view(len(context_lens), -1, head_dim).split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
-        q_rot = rotary_and_write_kv(q, k, v, positions, table, kv.k_cache, kv.v_cache, slots, *scales)
-        out = paged_decode_attention(q_rot, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens,
-                                     head_dim**-0.5, *scales)
+    qkv = hidden * gain  # the producer
+    q, k, v = qkv.view(len(context_lens), -1, head_dim).split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+    q_rot = rotary_and_write_kv(q, k, v, positions, table, kv.k_cache, kv.v_cache, slots, *scales)
+    out = paged_decode_attention(q_rot, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens,
+                                 head_dim**-0.5, *scales)
     q_ref = rotary_and_write_kv_ref(q, k, v, positions, table, *ref_caches[:2], slots, *ref_caches[2:])
     expected = paged_decode_attention_ref(q_ref, *ref_caches[:2], kv.block_tables, kv.context_lens,
                                           head_dim**-0.5, *ref_caches[2:])

@@ -48,13 +48,11 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("block_n", [4, 16])
 @pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("num_stages", [1, 2])
 @pytest.mark.parametrize("in_features", [96, 100])  # whole and partial K tiles
-def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n, pdl, num_stages, in_features):
+def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n, pdl, in_features):
     """The launch config may send a single row through products summed on the CUDA cores (no tl.dot,
     so tiles narrower than 16 columns too), with programmatic dependent launch on a GPU (the
-    interpreter launches plainly), with the next weight tile prefetched (num_stages 2) or not; tiles
-    of 32 take the prefetching loop through several tiles."""
+    interpreter launches plainly); tiles of 32 take the loop through several tiles."""
     options = dict(MODES[mode])
     x = randn(gen, 1, in_features * (2 if options.get("gated") else 1), dtype=dtype, device=device)
     weight = randn(gen, 40, in_features, dtype=dtype, device=device) / in_features**0.5
@@ -63,7 +61,7 @@ def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n,
     residual = randn(gen, 1, 40, dtype=dtype, device=device)
     expected = skinny_linear_ref(x, weight, residual=residual.clone(), **options)
     with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, BLOCK_N=block_n, BLOCK_K=32,
-                                num_stages=num_stages, programmatic_dependent_launch=pdl):
+                                programmatic_dependent_launch=pdl):
         out = skinny_linear(x, weight, residual=residual, **options)
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
 
