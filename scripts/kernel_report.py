@@ -36,7 +36,7 @@ from bench_kernels import Sizes  # noqa: E402  (this script's folder is on sys.p
 from llm_engine.kernels import decode_attention, launch_config, prefill_attention  # noqa: E402
 
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8e4nv",
-         torch.int32: "i32", torch.int64: "i64"}
+         torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 # bench_kernels.py's shapes (Llama-3-8B's attention): the report is of the launches it times.
 SIZES = Sizes()
