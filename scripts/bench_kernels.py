@@ -369,6 +369,8 @@ def attention_then_o_benches(s: Sizes, context: int, gen) -> list[Bench]:
 
 DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
 SMALL_BATCHES = (1, 8, 16)  # decode rows of the layer_small_batch case
+# Cases that repeat part of another (a cheaper run of it alone): "all" leaves them out.
+PART_OF_ANOTHER = ("layer_single_row",)
 DECODE_SERVING = ("decode bf16 serving", "decode fp8 serving")
 BEST_HEADER = "Best launch configs (sweep; num_splits null: the heuristic's splits= in the shape):"
 
@@ -523,7 +525,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
                         "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu, "
-                        "layer_small_batch, layer_single_row (its one-row case alone), attention_then_o")
+                        "layer_small_batch, layer_single_row (its one-row case alone; not in all), attention_then_o")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
@@ -546,7 +548,7 @@ def main() -> int:
 
     gen = torch.Generator("cpu" if args.smoke else "cuda").manual_seed(0)
     builders = cases(SMOKE if args.smoke else Sizes(), gen)
-    names = list(builders) if args.cases == "all" else args.cases.split(",")
+    names = [n for n in builders if n not in PART_OF_ANOTHER] if args.cases == "all" else args.cases.split(",")
     unknown = set(names) - set(builders)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}")
