@@ -1,14 +1,18 @@
 """Shared by the server tests: server options on free ports, the test-only repository, and POSTs to
-the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops)."""
+the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops), and
+statistics read once the server has counted what it answered."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from ragstack.launcher import ServerOptions, free_port
 
+T = TypeVar("T")
 FIXTURE_REPOSITORY = Path(__file__).resolve().parent / "fixtures" / "model_repository"
 
 
@@ -28,3 +32,16 @@ def http_post(url: str, path: str, body: dict) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def settled(read: Callable[[], T], quiet_s: float = 0.5, timeout_s: float = 30.0) -> T:
+    """`read()` once two reads `quiet_s` apart agree. Backends report a batch's statistics after sending its
+    responses, so a client can hold its answers before the server's counts include them."""
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        value, previous = read(), value
+        if value == previous:
+            return value
+    raise TimeoutError(f"statistics still changing after {timeout_s} s: last {value!r}")

