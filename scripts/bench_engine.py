@@ -23,12 +23,6 @@ single-row projections against the unfused ones):
     python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf \
         --engine '{}' --engine '{"launch_params": {"skinny_linear": {"max_rows": 0}}}'
 
-or decode attention's L2 prefetch of the o projection (off in every launch config until measured), alternated
-with none:
-
-    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf --engine '{}' \
-        --engine '{"launch_params": {"paged_decode_attention": {"l2_prefetch": true}}}' --engine '{}'
-
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
     python scripts/bench_engine.py --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b

@@ -336,37 +336,6 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     ]
 
 
-def attention_then_o_benches(s: Sizes, context: int, gen) -> list[Bench]:
-    """One decode row's attention and the fused o projection after it (into the residual), as a layer runs
-    them at batch 1, with decode attention asking the o weight into L2 or not (launch config l2_prefetch).
-    The L2 is flushed before each call, so a prefetch has to come from DRAM within the call, as in the
-    engine. Bytes: the o weight and the KV read once."""
-    q = randn(gen, 1, s.q_heads, s.head_dim)
-    k_cache, v_cache, block_tables = to_paged(gen, s.block_size, *(randn(gen, 1, context, s.kv_heads, s.head_dim)
-                                                                   for _ in range(2)))
-    context_lens = torch.full((1,), context, dtype=torch.int32, device=gen.device)
-    w_o = randn(gen, s.hidden, s.q_heads * s.head_dim) / (s.q_heads * s.head_dim) ** 0.5
-    start = randn(gen, 1, s.hidden)
-    residual = start.clone()  # updated in place by each call: timed calls drift it, checks start afresh
-    args = (q, k_cache, v_cache, block_tables, context_lens, s.head_dim**-0.5)
-
-    def chain(residual, prefetch: bool, ops=K):
-        with override_launch_params("paged_decode_attention", l2_prefetch=prefetch):
-            attn = ops.paged_decode_attention(*args, l2_prefetch=w_o)
-        return ops.skinny_linear(attn.view(1, -1), w_o, residual=residual)
-
-    expected = chain(start.clone(), False, SimpleNamespace(paged_decode_attention=K.paged_decode_attention_ref,
-                                                           skinny_linear=K.skinny_linear_ref))
-    shape = f"B=1 ctx={context}, o {s.hidden}x{s.q_heads * s.head_dim}"
-    nbytes = w_o.nbytes + k_cache.nbytes + v_cache.nbytes
-    return [Bench(f"attention then o b=1{' prefetched' if prefetch else ''}", shape, None,
-                  call=lambda prefetch=prefetch: chain(residual, prefetch),
-                  check=lambda _, prefetch=prefetch: expect_close("attention then o", chain(start.clone(), prefetch),
-                                                                  expected, atol=6e-2, rtol=3e-2),
-                  bytes=nbytes)
-            for prefetch in (False, True)]
-
-
 DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
 SMALL_BATCHES = (1, 8, 16)  # decode rows of the layer_small_batch case
 # Cases that repeat part of another (a cheaper run of it alone): "all" leaves them out.
@@ -392,7 +361,6 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "silu": lambda: [silu_bench(s, gen)],
         "layer_small_batch": lambda: [b for rows in SMALL_BATCHES for b in layer_projection_benches(s, rows, gen)],
         "layer_single_row": lambda: layer_projection_benches(s, 1, gen),
-        "attention_then_o": lambda: attention_then_o_benches(s, 256, gen),
     }
 
 
@@ -473,10 +441,6 @@ def speedup_rows(rows: list[Row]) -> list[Row]:
             out.append(Row(f"decode fp8 vs bf16 {name}", f"{bf16.shape}; byte ratio {ideal:.2f}x", None, speedup,
                            "x", 100 * speedup / ideal, f">= {target}x" if target else "-",
                            None if target is None else speedup >= target))
-    plain, prefetched = by_case.get("attention then o b=1"), by_case.get("attention then o b=1 prefetched")
-    if plain and prefetched:
-        out.append(Row("attention then o b=1 prefetched vs not", "% of limit: the prefetched chain's of copy BW",
-                       None, plain.time_us / prefetched.time_us, "x", prefetched.pct_of_limit))
     for batch in SMALL_BATCHES:
         unfused, fused = (by_case.get(f"layer projections b={batch} {kind}") for kind in ("unfused", "fused"))
         if unfused and fused:
@@ -525,7 +489,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
                         "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu, "
-                        "layer_small_batch, layer_single_row (its one-row case alone; not in all), attention_then_o")
+                        "layer_small_batch, layer_single_row (its one-row case alone; not in all)")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")

@@ -7,10 +7,6 @@ log-sum-exp in the same launch: each split stores its partial and counts itself 
 A second merge kernel would cost a launch per layer, a sizeable share of a small-batch decode step.
 A context shorter than the split count needs runs on fewer splits (at least `min_tokens_per_split`
 each); one split writes the output directly.
-
-`l2_prefetch`: a tensor the next kernel reads (the o projection's weight when a decode row runs the
-fused projections), prefetched into L2 by the grid at its start while attention, bound by latency at small
-batches, leaves DRAM idle (kernels/_l2_prefetch.py; launch config `l2_prefetch`, off until measured).
 """
 from __future__ import annotations
 
@@ -18,13 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_engine.kernels._l2_prefetch import L2_PREFETCH_CHUNK, prefetch_to_l2
 from llm_engine.kernels._paged_kv import attend_kv_tile, dot_operand
 from llm_engine.kernels._validate import (
     expect_launchable,
     expect_paged_attention_args,
     expect_power_of_two,
-    expect_same_device,
     expect_shape,
     output_like,
 )
@@ -52,15 +46,13 @@ def paged_decode_attention_ref(
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
-    l2_prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D]
     (into `out` if given).
 
-    num_splits only shapes the kernel's work split and l2_prefetch only its memory traffic; the
-    reference checks them and ignores them.
+    num_splits only shapes the kernel's work split; the reference ignores it.
     """
-    _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, l2_prefetch)
+    _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     out = output_like(out, q)
     if q.shape[0] == 0:
         return out
@@ -84,7 +76,7 @@ def paged_decode_attention_ref(
                                             "min_split_len"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, partial_out_ptr, partial_lse_ptr, counters_ptr, prefetch_ptr, prefetch_bytes,
+    out_ptr, partial_out_ptr, partial_lse_ptr, counters_ptr,
     qk_scale,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_cache_token, stride_cache_head, stride_bt,
     num_q_heads, num_kv_heads, num_splits, min_split_len,
@@ -98,14 +90,10 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     FP8_AS_FP16: tl.constexpr,
-    L2_PREFETCH: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if L2_PREFETCH:
-        prefetch_to_l2(prefetch_ptr, prefetch_bytes, (seq * num_kv_heads + kv_head) * num_splits + split,
-                       tl.num_programs(0) * num_kv_heads * num_splits, L2_PREFETCH_CHUNK)
     context_len = tl.load(context_lens_ptr + seq)
     # Whole BLOCK_N tiles per split, so only the context's last tile is partial; no split shorter
     # than min_split_len (a multiple of BLOCK_N), so a short context uses only its first splits.
@@ -191,18 +179,15 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
-    l2_prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D], the token at position context_lens[b] - 1 (its KV already cached) -> [B, Hq, D]
     (into `out` if given).
 
-    l2_prefetch: a contiguous tensor on q's device that the next kernel reads, asked into L2 during the
-    launch where the launch config's `l2_prefetch` is on (a hint: the result does not depend on it).
     num_splits: how many programs share one sequence's context; None picks it from the launch
     config and the block table width (an upper bound on the context, known without a sync), and
     then a context too short for that many splits of min_tokens_per_split uses fewer.
     """
-    _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, l2_prefetch)
+    _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     expect_launchable("q", q, "paged_decode_attention_ref")
     batch, num_q_heads, head_dim = q.shape
     expect_power_of_two("head_dim", head_dim, 16)
@@ -227,15 +212,11 @@ def paged_decode_attention(
     partial_out = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     partial_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     counters = _counters(q.device, batch * num_kv_heads)
-    # The bulk prefetch takes 16-byte-aligned addresses and sizes; the interpreter has no inline PTX.
-    prefetch = (l2_prefetch is not None and params["l2_prefetch"] and not interpreting()
-                and l2_prefetch.data_ptr() % 16 == 0 and l2_prefetch.nbytes % 16 == 0)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache,
         k_scale if is_fp8 else k_cache, v_scale if is_fp8 else v_cache,
         block_tables, context_lens,
         out, partial_out, partial_lse, counters,
-        l2_prefetch.view(torch.uint8) if prefetch else counters, l2_prefetch.nbytes if prefetch else 0,
         scale * LOG2_E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -250,7 +231,6 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
         FP8_AS_FP16=is_fp8 and q.dtype == torch.bfloat16,
-        L2_PREFETCH=prefetch,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
         # A register cap (data: launch_configs) that buys a resident block per SM; whether it spills
@@ -281,10 +261,6 @@ def _choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, para
     return max(1, min(wanted_for_occupancy, allowed_by_length, params["max_splits"]))
 
 
-def _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, l2_prefetch) -> None:
+def _check_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale) -> None:
     expect_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
     expect_shape("context_lens", context_lens, (q.shape[0],))
-    if l2_prefetch is not None:
-        expect_same_device(q=q, l2_prefetch=l2_prefetch)
-        if not l2_prefetch.is_contiguous():
-            raise ValueError(f"l2_prefetch must be contiguous, got stride {l2_prefetch.stride()}")

@@ -53,16 +53,14 @@ class Attention(nn.Module):
         return ops.rotary_and_write_kv(q, k, v, positions, self.rotary_emb.cos_sin_cache, self.k_cache,
                                        self.v_cache, slot_mapping, self.k_scale, self.v_scale, q_out=q_out)
 
-    def attend(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None,
-               l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """The rotated q [T, Hq, D] over the cache -> [T, Hq * D] (into `out` if given): the
-        leading decodes and the prefill chunks each into their rows. `l2_prefetch`: what the next
-        kernel reads, which a decode-only step's attention asks into L2 (paged_decode_attention)."""
+        leading decodes and the prefill chunks each into their rows."""
         if out is None:
             out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         rows = out.view(-1, self.num_heads, self.head_dim)
         if meta.cu_seqlens_q is None:
-            self._decode(q, meta.block_tables, meta.context_lens, rows, l2_prefetch)
+            self._decode(q, meta.block_tables, meta.context_lens, rows)
             return out
         d = meta.num_decodes
         ops.paged_prefill_attention(q[d:], self.k_cache, self.v_cache, meta.block_tables[d:], meta.cu_seqlens_q,
@@ -72,6 +70,6 @@ class Attention(nn.Module):
         return out
 
     def _decode(self, q: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                out: torch.Tensor, l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor) -> torch.Tensor:
         return ops.paged_decode_attention(q, self.k_cache, self.v_cache, block_tables, context_lens, self.scale,
-                                          self.k_scale, self.v_scale, out=out, l2_prefetch=l2_prefetch)
+                                          self.k_scale, self.v_scale, out=out)

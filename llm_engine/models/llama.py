@@ -127,12 +127,8 @@ class LlamaModel(nn.Module):
         return self.tp.size == 1 and kernels.fits_skinny_linear(residual)
 
     def attend(self, i: int, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Layer i's attention: its rotated q -> [T, Hq * D] (into `out`). In a step of fused projections
-        it asks the o projection's weight into L2 (launch config `l2_prefetch`), which the next kernel
-        then reads."""
-        self_attn = self.layers[i].self_attn
-        o_weight = self_attn.o_proj.weight if self.fuses(q) else None
-        return self_attn.attn.attend(q, meta, out, l2_prefetch=o_weight)
+        """Layer i's attention: its rotated q -> [T, Hq * D] (into `out`)."""
+        return self.layers[i].self_attn.attn.attend(q, meta, out)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.piece(0, input_ids, positions, meta.slot_mapping, None, None)

@@ -287,23 +287,6 @@ def test_rotary_write_then_decode_chain(gen, device, cache_dtype):
     assert_close(out, expected, torch.bfloat16)
 
 
-@pytest.mark.parametrize("num_splits", [1, 4])
-def test_decode_with_l2_prefetch_matches_ref(gen, device, num_splits):
-    """Asking the next kernel's tensor into L2 (bulk prefetches on a GPU, chunks spread over the grid and
-    a partial last chunk; nothing in the interpreter) leaves the result as it is; the tensor is checked."""
-    kv = make_paged_kv(gen, device, DECODE_CONTEXTS[0], 2, 64, torch.bfloat16)
-    q = randn(gen, len(DECODE_CONTEXTS[0]), 8, 64, dtype=torch.bfloat16, device=device)
-    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
-    weight = randn(gen, 1000, 136, dtype=torch.bfloat16, device=device)  # 272,000 bytes: 4 chunks and a part
-    with override_launch_params("paged_decode_attention", l2_prefetch=True):
-        out = paged_decode_attention(*args, num_splits=num_splits, l2_prefetch=weight)
-        assert_close(out, paged_decode_attention_ref(*args), torch.bfloat16)
-        with pytest.raises(ValueError, match="l2_prefetch must be contiguous"):
-            paged_decode_attention(*args, l2_prefetch=weight.t())
-        with pytest.raises(ValueError, match="l2_prefetch must be contiguous"):
-            paged_decode_attention_ref(*args, l2_prefetch=weight.t())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8])
 def test_decode_short_contexts_use_fewer_splits(gen, device, dtype):
     """The heuristic's split count is an upper bound: with splits of at least 32 tokens, these

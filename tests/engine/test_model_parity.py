@@ -82,12 +82,9 @@ def run_device(request):
 def small_batch_fusion(request):
     """The paths of a small decode batch: cuBLAS projections with separate norm, gate and residual ops,
     and the projections with those fused in (kernels/skinny_linear.py, on wherever max_rows allows),
-    a single row on the tensor cores or on the CUDA cores; the fused paths with decode attention
-    prefetching the o projection's weight into L2 (on a GPU; the interpreter has no prefetch)."""
-    fused = request.param != "unfused"
-    with override_launch_params("skinny_linear", max_rows=SKINNY_MAX_ROWS if fused else 0,
-                                single_row_on_cuda_cores=request.param.endswith("CUDA cores")), \
-            override_launch_params("paged_decode_attention", l2_prefetch=fused):
+    a single row on the tensor cores or on the CUDA cores."""
+    with override_launch_params("skinny_linear", max_rows=0 if request.param == "unfused" else SKINNY_MAX_ROWS,
+                                single_row_on_cuda_cores=request.param.endswith("CUDA cores")):
         yield request.param
 
 
