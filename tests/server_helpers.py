@@ -1,6 +1,6 @@
 """Shared by the server tests: server options on free ports, the test-only repository, and POSTs to
 the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops), and
-statistics read once the server has counted what it answered."""
+statistics read once the server has counted what it answered, and waiting for a condition."""
 from __future__ import annotations
 
 import json
@@ -45,3 +45,12 @@ def settled(read: Callable[[], T], quiet_s: float = 0.5, timeout_s: float = 30.0
         if value == previous:
             return value
     raise TimeoutError(f"statistics still changing after {timeout_s} s: last {value!r}")
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Polls `condition()` until it holds; fails naming `what` it waited for."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s} s for {what}")
+        time.sleep(0.05)

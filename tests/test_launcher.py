@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from server_helpers import FIXTURE_REPOSITORY, free_server_options
+from server_helpers import FIXTURE_REPOSITORY, free_server_options, wait_until
 from ragstack.launcher import SHM_DIR, LauncherError, TritonServer, find_server_install
 
 
@@ -127,7 +127,7 @@ def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
         if "[serve] ready" in line:
             break
     assert "[serve] ready" in "".join(lines), "".join(lines)
-    work_dir = next(line.split("log: ")[1].strip() for line in lines if "log: " in line)
+    log = Path(next(line.split("log: ")[1].strip() for line in lines if "log: " in line))
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{opts.http_port}", network_timeout=30)
     data = np.ones((1, 2), dtype=np.float32)
@@ -137,11 +137,11 @@ def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
     worker = threading.Thread(target=lambda: result.update(
         out=client.infer("echo", [inp], parameters={"delay_s": 2}).as_numpy("OUTPUT")))
     worker.start()
-    time.sleep(0.7)  # the request is inside the model now
+    wait_until(lambda: "echo: holding a request" in log.read_text(), "the request to reach the model")
     proc.send_signal(signal.SIGTERM)
     worker.join(30)
     rest = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, rest
     np.testing.assert_array_equal(result["out"], data)
     assert "[serve] stopped" in rest
-    assert_no_process_left(Path(work_dir).parent)
+    assert_no_process_left(log.parent)

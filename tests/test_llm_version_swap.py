@@ -17,7 +17,7 @@ from model_states import wait_until_settled
 from ragstack import load_gen
 from ragstack.client import RagClient
 from ragstack.launcher import ROOT, TritonServer
-from server_helpers import free_server_options
+from server_helpers import free_server_options, settled
 from server_metrics import metric_value
 
 pytestmark = pytest.mark.server
@@ -75,7 +75,7 @@ def swap_under_traffic(server, load) -> list[load_gen.Outcome]:
 
 
 def served_by(server, version: str) -> float:
-    return metric_value(server.metrics_url, "nv_inference_request_success", MODEL, version)
+    return settled(lambda: metric_value(server.metrics_url, "nv_inference_request_success", MODEL, version))
 
 
 def assert_no_downtime(outcomes) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from ragstack import index_store, indexer
 from ragstack.client import RagClient, RagstackError
 from ragstack.launcher import ROOT
 from model_states import wait_until_settled
+from server_helpers import wait_until
 
 pytestmark = pytest.mark.server
 
@@ -165,10 +165,10 @@ def test_index_swap_under_load_loses_no_request(triton_server, tmp_path):
             workers = [threading.Thread(target=query, args=(i, p)) for i, p in enumerate(["grpc", "http"])]
             for w in workers:
                 w.start()
-            time.sleep(0.5)
+            wait_until(lambda: sum(counts) > 0 or errors, "the first queries")
             served_before = sum(counts)
             admin.load("retriever")                          # version_policy latest 1: N+1 in, N out
-            time.sleep(0.5)
+            wait_until(lambda: sum(counts) > served_before + 2 or errors, "queries after the swap")
             stop.set()
             for w in workers:
                 w.join()

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from server_helpers import settled
 from server_metrics import metric_value, wait_for_metric
 
 
@@ -54,9 +55,13 @@ def test_unload_load_reload(client):
 
 
 def test_per_model_metrics_after_request(client, triton_server):
-    before = metric_value(triton_server.metrics_url, "nv_inference_request_success", "echo")
+    # The server counts a request after sending its response: a count may trail its reply, the previous
+    # test's last request's too.
+    def successes() -> float:
+        return metric_value(triton_server.metrics_url, "nv_inference_request_success", "echo")
+
+    before = settled(successes)
     _echo(client, [3.0])
-    # The server counts a request after sending its response: the count may trail the reply.
     wait_for_metric(triton_server.metrics_url, "nv_inference_request_success", "echo",
                     lambda v: v >= before + 1, timeout_s=10)
-    assert metric_value(triton_server.metrics_url, "nv_inference_request_success", "echo") == before + 1
+    assert settled(successes) == before + 1
