@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from llm_engine.models.registry import SUPPORTED_ARCHITECTURES
-
+# The HF `architectures` the engine runs (model/registry.py maps each to its class).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

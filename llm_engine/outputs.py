@@ -1,21 +1,38 @@
-"""What the engine reports: per-step request outputs and request / engine statistics."""
+"""What the engine reports: a RequestDelta per request and step (the one form its outputs take from
+the engine to every consumer), the RequestOutput a consumer reads (engine/output_processor.py builds
+it from the deltas), and request / engine statistics."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 
-class EngineClosedError(RuntimeError):
-    """The engine is shutting down, or gone, and accepts no new requests."""
+@dataclass(slots=True)
+class RequestDelta:
+    """What one engine step added to one request: new text, tokens and timings. The deltas of a
+    request, concatenated, are its whole output; the last has `finish_reason` set."""
 
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None      # of the new tokens, when requested
+    token_times: list[float]          # when each new token was sampled (time.monotonic())
+    finish_reason: str | None         # None while running; "stop", "length", "abort" or "error"
+    error: str | None = None          # set with finish_reason "error"
+    first_scheduled_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = 0        # prompt tokens served from the prefix cache (last admission)
 
-class RequestFailedError(RuntimeError):
-    """A request ended with finish_reason "error" (its batch or its post-processing failed)."""
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
-    def __init__(self, request_id: str, error: str) -> None:
-        super().__init__(f"request {request_id!r} failed: {error}")
-        self.request_id = request_id
-        self.error = error
+    def after(self, earlier: RequestDelta) -> RequestDelta:
+        """This delta and an earlier one of the same request as one (a consumer that fell behind
+        takes several steps' deltas at once)."""
+        logprobs = None if self.logprobs is None else (earlier.logprobs or []) + self.logprobs
+        return RequestDelta(self.request_id, earlier.text + self.text, earlier.token_ids + self.token_ids, logprobs,
+                            earlier.token_times + self.token_times, self.finish_reason, self.error,
+                            self.first_scheduled_time, self.finished_time, self.num_cached_tokens)
 
 
 @dataclass
@@ -54,8 +71,9 @@ class RequestStats:
 
 @dataclass
 class RequestOutput:
-    """One request's state after a step. `delta_text` / `delta_token_ids` are new since the
-    previous output of the same request; their concatenation over a stream is `text` / `token_ids`.
+    """One request's output so far, as a consumer reads it: `delta_text` / `delta_token_ids` are
+    new since the consumer's previous output of the request; their concatenation over a stream is
+    `text` / `token_ids`.
     """
 
     request_id: str
@@ -73,12 +91,6 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    def following(self, earlier: RequestOutput) -> RequestOutput:
-        """This output as if it also carried `earlier`'s deltas (a consumer that fell behind
-        takes several steps' outputs as one)."""
-        return dataclasses.replace(self, delta_text=earlier.delta_text + self.delta_text,
-                                   delta_token_ids=earlier.delta_token_ids + self.delta_token_ids)
 
 
 @dataclass

@@ -50,7 +50,7 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from llm_engine import kernels as K  # noqa: E402
 from llm_engine.kernels.decode_attention import _choose_num_splits  # noqa: E402
 from llm_engine.kernels.launch_config import launch_params, override_launch_params  # noqa: E402
-from llm_engine.layers.rotary_embedding import compute_cos_sin_cache  # noqa: E402
+from llm_engine.model.layers.rotary_embedding import compute_cos_sin_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients"))

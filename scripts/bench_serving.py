@@ -224,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "clients"))
     import torch
 
-    from llm_engine.async_engine import AsyncLLMEngine
+    from llm_engine.engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
-    from llm_engine.engine_process import cpu_threads
-    from llm_engine.tokenizer import Tokenizer
+    from llm_engine.engine.engine_process import cpu_threads
+    from llm_engine.model.tokenizer import Tokenizer
     from ragstack.provenance import append_record
 
     settings = json.loads(args.engine)

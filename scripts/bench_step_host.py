@@ -55,7 +55,7 @@ def timed(owner, name: str, phase: str, totals: dict) -> None:
 def instrument(engine) -> dict[str, float]:
     """Time the engine's step phases (PHASES) into the returned totals, which the caller clears;
     uninstrument() undoes the one class-level wrapper."""
-    from llm_engine.host_copy import HostCopy
+    from llm_engine.worker.host_copy import HostCopy
 
     totals: dict[str, float] = defaultdict(float)
     sched, runner = engine.scheduler, engine.model_runner
@@ -72,7 +72,7 @@ def instrument(engine) -> dict[str, float]:
 
 
 def uninstrument() -> None:
-    from llm_engine.host_copy import HostCopy
+    from llm_engine.worker.host_copy import HostCopy
 
     HostCopy.wait = HostCopy.wait.__wrapped__
 

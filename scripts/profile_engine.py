@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 def profile(args, start: int, end: int) -> int:
     from llm_engine import SamplingParams
     from llm_engine.config import EngineConfig
-    from llm_engine.engine_loop import start_engine
+    from llm_engine.engine.llm_engine import start_engine
 
     overrides = json.loads(args.engine)
     settings = {"dtype": "bfloat16", "max_model_len": args.max_model_len, "max_waiting": None, **overrides}

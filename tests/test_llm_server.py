@@ -253,13 +253,13 @@ def processes() -> dict[int, tuple[int, bytes]]:
 
 
 def tensor_parallel_workers(server) -> list[int]:
-    """Pids of the llm_engine.worker processes under the server (children of the models' engine processes)."""
+    """Pids of the llm_engine.worker.tp_worker processes under the server (children of the models' engine processes)."""
     table = processes()
     below, frontier = set(), {server.process.pid}
     while frontier:
         frontier = {pid for pid, (parent, _) in table.items() if parent in frontier}
         below |= frontier
-    return sorted(pid for pid in below if b"llm_engine.worker" in table[pid][1])
+    return sorted(pid for pid in below if b"llm_engine.worker.tp_worker" in table[pid][1])
 
 
 def test_tensor_parallel_model_generates_what_one_rank_does(server):

@@ -54,19 +54,18 @@ class TritonPythonModel:
         if args.get("model_instance_kind") == "GPU" and config.device in ("auto", "cuda"):
             config.device = f"cuda:{args['model_instance_device_id']}"
 
-        from llm_engine.outputs import EngineClosedError
-        from llm_engine.scheduler import EngineOverloadedError
+        from llm_engine.errors import EngineClosedError, EngineOverloadedError
 
         self._unavailable_errors = (EngineOverloadedError, EngineClosedError)  # EngineDeadError included
         if self.backend_settings["engine_process"]:
-            from llm_engine.engine_client import EngineProcessClient
+            from llm_engine.engine.process_client import EngineProcessClient
             # A child process owns the engine and its step loop, away from this process's GIL (each
             # response sent holds it for an IPC round trip); it warms up before this returns.
             self.engine = EngineProcessClient(config)
             where = f"in process {self.engine.pid}"
         else:
-            from llm_engine.async_engine import AsyncLLMEngine
-            from llm_engine.engine_loop import start_engine
+            from llm_engine.engine.async_engine import AsyncLLMEngine
+            from llm_engine.engine.llm_engine import start_engine
             self.engine = AsyncLLMEngine(start_engine(config))  # warmed up before the model reports ready
             where = "in the stub"
         self.tokenizer = self.engine.tokenizer

@@ -81,8 +81,8 @@ def module_pids(root_pid: int, module: str) -> list[int]:
 
 
 def engine_pids(server_pid: int, instance: str) -> list[int]:
-    """The engine process (`llm_engine.engine_process`) of one llm model instance, e.g. `llm_0_0`."""
-    return [p for stub in stub_pids(server_pid, instance) for p in module_pids(stub, "llm_engine.engine_process")]
+    """The engine process (`llm_engine.engine.engine_process`) of one llm model instance, e.g. `llm_0_0`."""
+    return [p for stub in stub_pids(server_pid, instance) for p in module_pids(stub, "llm_engine.engine.engine_process")]
 
 
 def _runs_module(args: list[str], module: str) -> bool:

@@ -2,7 +2,7 @@
 (apply_rotary_ref and write_kv_cache_ref are the two halves of rotary_and_write_kv_ref)."""
 from llm_engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from llm_engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
-from llm_engine.kernels.kv_cache import (
+from llm_engine.kernels.kv_store import (
     FP8_E4M3_MAX,
     FP8_SCALE_MIN,
     dequantize_fp8_cache_ref,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from llm_engine.kernels.kv_cache import gather_kv_ref
+from llm_engine.kernels.kv_store import gather_kv_ref
 
 
 def attend_paged_ref(

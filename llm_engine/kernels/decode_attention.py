@@ -22,7 +22,7 @@ from llm_engine.kernels._validate import (
     expect_shape,
     output_like,
 )
-from llm_engine.kernels.kv_cache import gather_kv_batch_ref
+from llm_engine.kernels.kv_store import gather_kv_batch_ref
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634

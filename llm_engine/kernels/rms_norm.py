@@ -6,8 +6,8 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._validate import (
-    expect_launchable,
     expect_last_dim_contiguous,
+    expect_launchable,
     expect_ndim,
     expect_same_device,
     expect_shape,

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._validate import expect_launchable, expect_power_of_two, expect_same_device, output_like
-from llm_engine.kernels.kv_cache import check_write_args, store_token_heads, write_kv_cache_ref
+from llm_engine.kernels.kv_store import check_write_args, store_token_heads, write_kv_cache_ref
 from llm_engine.kernels.launch_config import launch_params
 from llm_engine.kernels.rotary import apply_rotary_ref, check_rotary_args, rotate_heads
 

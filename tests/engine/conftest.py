@@ -55,7 +55,7 @@ class CountingRunner:
         self.fail_when = None  # callable(batch) -> bool: raise inside execute
 
     def execute(self, batch, sampled_ids=None):
-        from llm_engine.sequence import placeholder_row
+        from llm_engine.core.sequence import placeholder_row
 
         if self.fail_when is not None and self.fail_when(batch):
             raise RuntimeError("injected model failure")
@@ -74,6 +74,9 @@ class CountingRunner:
         logits = torch.zeros(len(rows), ByteTokenizer.vocab_size)
         logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 20.0
         return logits
+
+    def warmup(self):
+        self.warmed_up = True
 
     def close(self):
         self.closed = True
@@ -115,7 +118,7 @@ def cleanup_tokenizer_dir(tmp_path):
 @pytest.fixture
 def fake_engine():
     """make(num_kv_blocks=..., **config) -> an LLMEngine over the counting fake model."""
-    from llm_engine.llm_engine import LLMEngine
+    from llm_engine.engine.llm_engine import LLMEngine
 
     def make(num_kv_blocks: int = 64, **config):
         cfg = fake_config(**config)

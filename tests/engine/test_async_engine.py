@@ -6,13 +6,12 @@ import threading
 import time
 
 import pytest
+from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 from llm_engine import LLM
-from llm_engine.async_engine import AsyncLLMEngine, EngineClosedError
-from llm_engine.outputs import RequestFailedError
+from llm_engine.engine.async_engine import AsyncLLMEngine
+from llm_engine.errors import EngineClosedError, EngineOverloadedError, RequestFailedError
 from llm_engine.sampling_params import SamplingParams
-from llm_engine.scheduler import EngineOverloadedError
-from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import torch
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 from llm_engine import LLM
-from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
-from llm_engine.model_runner import ModelRunner
-from llm_engine.sampler import Sampler
+from llm_engine.core.scheduled_batch import ScheduledBatch
+from llm_engine.core.sequence import Sequence, placeholder_token
 from llm_engine.sampling_params import SamplingParams
-from llm_engine.sequence import Sequence, placeholder_token
+from llm_engine.worker.model_runner import ModelRunner
+from llm_engine.worker.sampler import Sampler
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -234,9 +234,8 @@ def prefilled(runner, prompts):
 def test_placeholders_are_filled_from_the_sampled_ids_on_the_device(tiny_checkpoints, graphs):
     runner = runner_for(tiny_checkpoints["tiny-llama"], num_kv_blocks=16, block_size=4, max_num_seqs=4)
     if graphs:  # the CUDA-graph path (static input buffer) with each graph's body run eagerly
-        runner._allocate_graph_buffers(4)
-        runner.graphs = {bs: SimpleNamespace(replay=runner._graph_body(bs)) for bs in (1, 2, 4)}
-        runner.graph_batch_sizes = [1, 2, 4]
+        runner.decode_graphs = runner.new_decode_graphs()
+        runner.decode_graphs.graphs = {bs: SimpleNamespace(replay=runner.decode_graphs.body(bs)) for bs in (1, 2, 4)}
     seqs = prefilled(runner, [range(5, 12), range(20, 26), range(30, 33)])
     batch = ScheduledBatch(seqs, [1, 1, 1], [True, True, True])
     before = runner.kv_cache.kv.clone()
@@ -300,7 +299,7 @@ def test_the_steady_state_step_loop_has_no_stream_sync(tiny_checkpoints):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine.get_stats().num_async_steps - before == 20
-    assert engine.model_runner.graphs  # the decodes replayed CUDA graphs
+    assert engine.model_runner.decode_graphs.graphs  # the decodes replayed CUDA graphs
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.get_stats().kv_blocks_used == 0

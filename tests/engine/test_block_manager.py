@@ -1,6 +1,6 @@
-from llm_engine.block_manager import BlockManager
+from llm_engine.core.block_manager import BlockManager
+from llm_engine.core.sequence import Sequence
 from llm_engine.sampling_params import SamplingParams
-from llm_engine.sequence import Sequence
 
 BS = 4
 

@@ -4,8 +4,8 @@ import pytest
 from conftest import CLEANUP_WORDS, ByteTokenizer
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401
 
-from llm_engine.detokenizer import IncrementalDetokenizer
-from llm_engine.tokenizer import Tokenizer
+from llm_engine.engine.detokenizer import IncrementalDetokenizer
+from llm_engine.model.tokenizer import Tokenizer
 
 
 @pytest.fixture

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 from llm_engine import LLM
+from llm_engine.errors import EngineOverloadedError
 from llm_engine.sampling_params import SamplingParams
-from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 GREEDY = dict(temperature=0)
 
@@ -119,6 +120,15 @@ FINAL_ONLY_CASES = {  # request id: (prompt, params)
     "stop_string": ("ab", SamplingParams(max_tokens=9, stop=["ef"], **GREEDY)),
     "stop_token": ("ab", SamplingParams(max_tokens=9, stop_token_ids=[ord("e")], **GREEDY)),
 }
+
+
+def test_waiting_queue_is_bounded(fake_engine):
+    engine = fake_engine(max_waiting=2)
+    engine.add_request("a", "abc")
+    engine.add_request("b", "abc")
+    with pytest.raises(EngineOverloadedError, match="max_waiting=2"):
+        engine.add_request("c", "abc")
+    assert engine.request_ids == ["a", "b"]
 
 
 def test_final_only_requests_report_once_with_the_streamed_result(fake_engine):

@@ -15,7 +15,8 @@ import pytest
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 
 from llm_engine import LLM, EngineClosedError, EngineConfig, EngineOverloadedError
-from llm_engine.engine_client import EngineDeadError, EngineProcessClient, EngineStartError
+from llm_engine.engine.process_client import EngineProcessClient
+from llm_engine.errors import EngineDeadError, EngineStartError
 from ragstack.process_tree import is_alive
 
 CONFIG = dict(device="cpu", max_model_len=128, max_num_seqs=4, max_waiting=3)
@@ -164,7 +165,7 @@ def test_a_failed_start_quotes_the_engine_process_output(tiny_checkpoints, monke
 FRONT_END = """
 import sys, time
 from llm_engine import EngineConfig
-from llm_engine.engine_client import EngineProcessClient
+from llm_engine.engine.process_client import EngineProcessClient
 client = EngineProcessClient(EngineConfig(model=sys.argv[1], device="cpu", max_model_len=64))
 print(client.pid, flush=True)
 time.sleep(600)

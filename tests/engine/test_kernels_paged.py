@@ -27,7 +27,7 @@ from llm_engine.kernels import (
     write_kv_cache_ref,
 )
 from llm_engine.kernels.launch_config import override_launch_params
-from llm_engine.layers.rotary_embedding import compute_cos_sin_cache
+from llm_engine.model.layers.rotary_embedding import compute_cos_sin_cache
 
 FP8 = torch.float8_e4m3fn
 # Compared in float32. bf16 attention rounds q, k, v and the softmax weights to 8 mantissa bits.

@@ -12,11 +12,11 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from llm_engine.config import EngineConfig
-from llm_engine.distributed import TensorParallelGroup
-from llm_engine.layers.rotary_embedding import compute_inv_freq
-from llm_engine.loader import SafetensorsCheckpoint, load_model
+from llm_engine.model.layers.rotary_embedding import compute_inv_freq
+from llm_engine.model.loader import SafetensorsCheckpoint, load_model
+from llm_engine.model.tokenizer import Tokenizer
 from llm_engine.model_config import ModelConfig
-from llm_engine.tokenizer import Tokenizer
+from llm_engine.worker.distributed import TensorParallelGroup
 
 
 @pytest.fixture

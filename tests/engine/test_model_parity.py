@@ -13,13 +13,13 @@ import torch
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 from transformers import AutoModelForCausalLM
 
-from llm_engine import ops
-from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
+from llm_engine.core.scheduled_batch import ScheduledBatch
+from llm_engine.core.sequence import Sequence
 from llm_engine.kernels import SKINNY_MAX_ROWS
 from llm_engine.kernels.launch_config import override_launch_params
-from llm_engine.model_runner import ModelRunner
-from llm_engine.sequence import Sequence
+from llm_engine.model import ops
+from llm_engine.worker.model_runner import ModelRunner
 
 ARCHS = ["tiny-llama", "tiny-mistral", "tiny-qwen2"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -7,11 +7,11 @@ import pytest
 import torch
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 
-from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
-from llm_engine.kv_cache import bytes_per_block
-from llm_engine.model_runner import ModelRunner
-from llm_engine.sequence import Sequence
+from llm_engine.core.scheduled_batch import ScheduledBatch
+from llm_engine.core.sequence import Sequence
+from llm_engine.worker.kv_cache import bytes_per_block
+from llm_engine.worker.model_runner import ModelRunner
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -61,14 +61,15 @@ def test_warmup_leaves_the_kv_pool_untouched(tiny_checkpoints):
 def test_graph_step_inputs_replayed_on_cpu(tiny_checkpoints):
     """The CUDA-graph decode path (padded rows, static buffers) with each graph's body run eagerly."""
     runner = runner_for(tiny_checkpoints["tiny-llama"], num_kv_blocks=32, block_size=4, max_num_seqs=8)
-    sizes, replayed = [1, 2, 4, 8], []
-    runner._allocate_graph_buffers(sizes[-1])
+    replayed = []
+    graphs = runner.new_decode_graphs()
+    assert graphs.batch_sizes == [1, 2, 4, 8]
 
     def fake_graph(bs):
-        body = runner._graph_body(bs)
+        body = graphs.body(bs)
         return SimpleNamespace(replay=lambda: (replayed.append(bs), body()))
-    runner.graphs = {bs: fake_graph(bs) for bs in sizes}
-    runner.graph_batch_sizes = sizes
+    graphs.graphs = {bs: fake_graph(bs) for bs in graphs.batch_sizes}
+    runner.decode_graphs = graphs
     # Blocks 1.. in reverse order; block 0 stays free, so a write by a padded row would show there.
     seqs = [seq_with_blocks(range(5, 5 + n), range(4 * i + 4, 4 * i, -1)) for i, n in enumerate((7, 12, 3))]
     runner.execute(ScheduledBatch(seqs, [len(s) for s in seqs], [True] * 3))
@@ -139,7 +140,7 @@ def test_kv_pool_is_sized_from_free_gpu_memory(tiny_checkpoints):
 def test_cuda_graph_decode_matches_eager(tiny_checkpoints, kv_cache_dtype):
     runner = runner_for(tiny_checkpoints["tiny-mistral"], device="cuda", dtype="float32", num_kv_blocks=64,
                         block_size=16, max_num_seqs=8, kv_cache_dtype=kv_cache_dtype)
-    assert runner.graph_batch_sizes == [1, 2, 4, 8]
+    assert runner.decode_graphs.batch_sizes == [1, 2, 4, 8]
     prompts = [list(range(5, 5 + n)) for n in (7, 20, 33)]  # 3 sequences: replayed as the size-4 graph
     seqs = [seq_with_blocks(p, range(3 * i, 3 * i + 3)) for i, p in enumerate(prompts)]
     runner.execute(ScheduledBatch(seqs, [len(p) for p in prompts], [True] * 3))
@@ -173,7 +174,7 @@ def test_piecewise_cuda_graphs_match_eager(tiny_checkpoints, kv_cache_dtype):
 
 
 def test_piecewise_buckets_pad_steps_past_1024_tokens_by_under_an_eighth():
-    from llm_engine.piecewise_graphs import bucket_sizes
+    from llm_engine.worker.piecewise_graphs import bucket_sizes
 
     sizes = bucket_sizes(8192)
     assert sizes[:3] == [128, 256, 384] and sizes[-1] == 8192 and len(sizes) == 32

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from llm_engine.sampler import Sampler
+from llm_engine.core.sequence import Sequence
 from llm_engine.sampling_params import SamplingParams
-from llm_engine.sequence import Sequence
+from llm_engine.worker.sampler import Sampler
 
 V = 32
 EOS = 3

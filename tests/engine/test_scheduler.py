@@ -2,18 +2,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from llm_engine.block_manager import BlockManager
+from llm_engine.core.block_manager import BlockManager
+from llm_engine.core.scheduler import Scheduler
+from llm_engine.core.sequence import Sequence, SequenceStatus
 from llm_engine.sampling_params import SamplingParams
-from llm_engine.scheduler import EngineOverloadedError, Scheduler
-from llm_engine.sequence import Sequence, SequenceStatus
 
 EOS = 2
 BS = 4
 
 
-def make(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=32, max_model_len=256, max_waiting=None):
+def make(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=32, max_model_len=256):
     config = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, max_waiting=max_waiting)
+                             max_model_len=max_model_len)
     return Scheduler(config, BlockManager(num_blocks, BS), [EOS])
 
 
@@ -115,14 +115,6 @@ def test_a_sequence_that_cannot_ever_fit_is_rejected_at_add():
     sched = make(num_blocks=2)
     with pytest.raises(ValueError, match="needs 3 KV blocks; the cache holds 2 blocks of 4 tokens"):
         sched.add(seq(6, "a", max_tokens=5))
-
-
-def test_waiting_queue_is_bounded():
-    sched = make(max_waiting=2)
-    sched.add(seq(3, "a"))
-    sched.add(seq(3, "b"))
-    with pytest.raises(EngineOverloadedError, match="max_waiting=2"):
-        sched.add(seq(3, "c"))
 
 
 @pytest.mark.parametrize("where", ["running", "waiting", "mid-prefill"])

@@ -3,7 +3,6 @@ when there are) against one rank on the same weights; the worker processes' life
 failure, rank 0's death), on the CPU."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -13,10 +12,10 @@ import torch
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 
 from llm_engine import LLM, RequestFailedError, SamplingParams
-from llm_engine.batch import ScheduledBatch
 from llm_engine.config import EngineConfig
-from llm_engine.sequence import Sequence
-from llm_engine.worker_group import WorkerError
+from llm_engine.core.scheduled_batch import ScheduledBatch
+from llm_engine.core.sequence import Sequence
+from llm_engine.errors import WorkerError
 
 PROMPTS = [
     "The capital of France is",

@@ -4,8 +4,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from llm_engine.tokenizer import Tokenizer
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401
+
+from llm_engine.model.tokenizer import Tokenizer
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2"])

@@ -1,0 +1,323 @@
+"""The engine: requests in, one batched model step per call, a RequestDelta per request out.
+
+Wires ModelRunner (forward pass), Scheduler + BlockManager (what runs, where its KV lives),
+Sampler (next tokens) and one IncrementalDetokenizer per request (text, stop strings).
+`step_deltas()` is what the serving loop (engine_loop.py) runs; `add_request` / `step()` are the
+synchronous interface (LLM, tests), whose outputs are assembled from the same deltas.
+Not thread-safe: one thread drives it.
+
+Async scheduling: a step is launched (forward and sampling queued on the device) and left in
+flight; the next `step()` schedules and launches the following step before it waits for the
+sampled ids, so the host's scheduling and input preparation overlap the device's work. The
+sequences of the step in flight are advanced with placeholder tokens (the scheduler treats them
+as decoding one token further; the runner fills the real ids in on the device), then the ids are
+read back and put in place, and only then are eos, stop tokens and stop strings seen: a sequence
+they end has had one more token computed, which is dropped (its blocks are freed at once; the
+device runs that step before any later one that reuses them). With `async_scheduling` off, each
+step waits for the previous one's tokens before it is scheduled.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from llm_engine.config import EngineConfig
+from llm_engine.core.block_manager import BlockManager
+from llm_engine.core.scheduled_batch import ScheduledBatch
+from llm_engine.core.scheduler import Scheduler
+from llm_engine.core.sequence import Sequence
+from llm_engine.engine.admission import admit
+from llm_engine.engine.detokenizer import IncrementalDetokenizer
+from llm_engine.engine.input_processor import EngineRequest, InputProcessor
+from llm_engine.engine.output_processor import OutputAssembler
+from llm_engine.outputs import EngineStats, RequestDelta, RequestOutput, RequestStats
+from llm_engine.sampling_params import SamplingParams
+from llm_engine.worker.model_runner import ModelRunner
+from llm_engine.worker.sampler import Sampler, SamplerOutput
+from llm_engine.worker.tp_runner import create_model_runner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A validated request's serving state in the engine."""
+
+    request_id: str
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    stats: RequestStats
+    num_sent_tokens: int = 0  # output tokens (and their times) already in a delta
+    # Only the final output is wanted (offline generation): without stop strings to check, the
+    # tokens are detokenized in one window when it ends, and no output is built before.
+    final_only: bool = False
+    deferred_from: int = 0  # token_ids[deferred_from:deferred_from + num_deferred]: not yet detokenized
+    num_deferred: int = 0
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step whose forward pass and sampling are queued on the device."""
+
+    batch: ScheduledBatch
+    result: SamplerOutput | None  # None: no sequence was sampled
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_runner: ModelRunner | None = None) -> None:
+        """`model_runner` defaults to a ModelRunner for config (rank 0's, starting the other ranks, when
+        tensor_parallel_size > 1); pass one to share or substitute it."""
+        self.config = config
+        self.model_runner = model_runner if model_runner is not None else create_model_runner(config)
+        self.tokenizer = self.model_runner.tokenizer
+        self.max_model_len = config.max_model_len
+        self.vocab_size = config.model_config.vocab_size  # logits width; ids at or above it are invalid
+        self.processor = InputProcessor(self.tokenizer, self.max_model_len, self.vocab_size)
+        eos = list(self.tokenizer.eos_token_ids)
+        self.block_manager = BlockManager(self.model_runner.num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, eos)
+        self.sampler = Sampler(eos)
+        self._requests: dict[str, RequestState] = {}
+        self._assemblers: dict[str, OutputAssembler] = {}  # requests of add_request: step() builds their outputs
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._num_async_steps = 0
+        self._in_flight: LaunchedStep | None = None
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int] | None = None,
+                    sampling_params: SamplingParams | dict | None = None,
+                    prompt_token_ids: list[int] | None = None,
+                    arrival_time: float | None = None, final_only: bool = False) -> None:
+        """Queue a request; it joins the running batch at a coming step, and step() reports it.
+        `final_only`: step() reports it once, when it finishes (as vLLM's FINAL_ONLY output kind),
+        which saves the per-token text and output work that streaming needs; with stop strings,
+        which are checked as each token arrives, it is still reported per token.
+
+        Raises ValueError for bad input (nothing is queued) and EngineOverloadedError when the
+        waiting queue is full.
+        """
+        request = self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, arrival_time)
+        admit(len(self.scheduler.waiting), self.config.max_waiting)
+        state = self.make_request(request)
+        state.final_only = final_only
+        self.enqueue(state)
+        self._assemblers[request_id] = OutputAssembler(request)
+
+    def make_request(self, request: EngineRequest) -> RequestState:
+        """The serving state of a validated request (safe from any thread)."""
+        ids, params = request.prompt_token_ids, request.sampling_params
+        seq = Sequence(token_ids=list(ids), sampling_params=params, request_id=request.request_id)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
+        stats = RequestStats(arrival_time=request.arrival_time, num_prompt_tokens=len(ids))
+        return RequestState(request.request_id, seq, detok, stats)
+
+    def enqueue(self, request: RequestState) -> None:
+        """Queue a request admitted already (its outputs go to step_deltas()' caller)."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.scheduler.add(request.seq)
+        self._requests[request.request_id] = request
+
+    def abort(self, request_id: str) -> RequestDelta | None:
+        """Finish the request with "abort" and free its KV blocks now (a token of the step in
+        flight is dropped); its last delta. None if it is unknown (finished already)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        return self._delta(req)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """abort() for a request of add_request: its last output."""
+        delta = self.abort(request_id)
+        return None if delta is None else self._assemble([delta])[0]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """step_deltas(), as the outputs of the requests of add_request."""
+        return self._assemble(self.step_deltas())
+
+    def step_deltas(self) -> list[RequestDelta]:
+        """Launch one batched model step; a delta for every request that got a new token.
+
+        The deltas are those of the step launched by the previous call (the tokens reach the host
+        while this step runs, and are detokenized, stop strings checked, after its launch); an
+        empty step hands out the last ones.
+        """
+        prev, self._in_flight = self._in_flight, None
+        overlap = prev is not None and self.config.async_scheduling
+        done: list[tuple[RequestState, float]] = []
+        if overlap:
+            self.scheduler.advance(prev.batch)  # its sampled tokens as placeholders
+        elif prev is not None:
+            done = self._complete(prev)  # synchronous: the device idles until the launch below
+        sampled_ids = prev.result.ids if overlap and prev.result is not None else None
+        batch = self.scheduler.schedule()
+        failure = None
+        if batch.seqs:
+            self._account_scheduled(batch)
+            try:
+                self._in_flight = self._launch(batch, sampled_ids)
+            except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
+                logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
+                failure = exc
+        if overlap:
+            self._num_async_steps += self._in_flight is not None and sampled_ids is not None
+            done = self._complete(prev, advanced=True)
+        deltas = self._emit(done)
+        if failure is not None:
+            deltas += [self._fail(seq, failure) for seq in batch.seqs if not seq.is_finished]
+        return deltas
+
+    def _account_scheduled(self, batch: ScheduledBatch) -> None:
+        now = time.monotonic()
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            stats = self._requests[seq.request_id].stats
+            if stats.first_scheduled_time is None:
+                stats.first_scheduled_time = now
+            if n > 1 or seq.num_output_tokens == 0:
+                self._num_prompt_tokens += n
+
+    def _launch(self, batch: ScheduledBatch, sampled_ids: torch.Tensor | None) -> LaunchedStep:
+        """Queue the batch's forward pass and sampling; `sampled_ids` (on the device) are the
+        tokens its placeholders stand for."""
+        sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
+        logits = self.model_runner.execute(batch, sampled_ids)
+        return LaunchedStep(batch, self.sampler(logits, sampled, sampled_ids) if sampled else None)
+
+    def _complete(self, step: LaunchedStep, advanced: bool = False) -> list[tuple[RequestState, float]]:
+        """Wait for the step's sampled tokens and put them in its sequences (advance done already
+        or not); the requests that got one, with the time it arrived."""
+        ids, logprobs = (step.result.token_ids, step.result.logprobs) if step.result is not None else ([], None)
+        if advanced:
+            got = self.scheduler.resolve(step.batch, ids, logprobs)
+        else:
+            got = self.scheduler.postprocess(step.batch, ids, logprobs)
+        self._num_generation_tokens += len(got)
+        sampled_at = time.monotonic()
+        return [(self._requests[seq.request_id], sampled_at) for seq in got]
+
+    def _emit(self, done: list[tuple[RequestState, float]]) -> list[RequestDelta]:
+        """Deltas of the requests that got a token."""
+        deltas = []
+        for req, sampled_at in done:
+            try:
+                if self._absorb_token(req, sampled_at):
+                    deltas.append(self._delta(req))
+            except Exception as exc:  # e.g. a detokenizer failure: only this request fails
+                logger.exception("post-processing failed for request %s", req.request_id)
+                deltas.append(self._fail(req.seq, exc))
+        return deltas
+
+    def _absorb_token(self, req: RequestState, sampled_at: float) -> bool:
+        """Account and detokenize the request's last sampled token; a stop string ends it.
+        False: nothing to report now (a final-only request's token, detokenized at its end)."""
+        seq = req.seq
+        params = seq.sampling_params
+        req.stats.token_times.append(sampled_at)
+        if req.final_only and not seq.is_finished and not req.detokenizer.has_stop_strings:
+            if not req.num_deferred:
+                req.deferred_from = len(seq.token_ids) - 1
+            req.num_deferred += 1
+            return False
+        self._detokenize_deferred(req)
+        # An eos / stop token ends the text without being part of it (as vLLM).
+        if seq.finish_reason != "stop":
+            req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens,
+                                      last=seq.is_finished)
+            if req.detokenizer.stopped:
+                if seq.is_finished:  # hit max_tokens on the very token that completed the stop string
+                    seq.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(seq, "stop")
+        return True
+
+    @staticmethod
+    def _detokenize_deferred(req: RequestState) -> None:
+        """Detokenize the deferred tokens of a final-only request (by position: a step interrupted
+        between advance and resolve leaves a placeholder after them)."""
+        if req.num_deferred:
+            start, n, req.num_deferred = req.deferred_from, req.num_deferred, 0
+            req.detokenizer.add_tokens(req.seq.token_ids[start:start + n])
+
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestDelta:
+        self.scheduler.finish(seq, "error")
+        return self._delta(self._requests[seq.request_id], error=f"{type(exc).__name__}: {exc}")
+
+    def _delta(self, req: RequestState, error: str | None = None) -> RequestDelta:
+        seq, stats = req.seq, req.stats
+        self._detokenize_deferred(req)  # an abort or failure ends it mid-way
+        finished = seq.is_finished
+        text = req.detokenizer.emit(finished=finished)
+        out_ids = seq.output_token_ids
+        sent, req.num_sent_tokens = req.num_sent_tokens, len(out_ids)
+        if finished:
+            stats.finished_time = time.monotonic()
+            del self._requests[req.request_id]
+        logprobs = seq.output_logprobs[sent:] if seq.sampling_params.logprobs else None
+        return RequestDelta(req.request_id, text, out_ids[sent:], logprobs, stats.token_times[sent:],
+                            seq.finish_reason if finished else None, error, stats.first_scheduled_time,
+                            stats.finished_time, seq.num_cached_tokens)
+
+    def _assemble(self, deltas: list[RequestDelta]) -> list[RequestOutput]:
+        outputs = []
+        for delta in deltas:
+            assembler = (self._assemblers.pop if delta.finished else self._assemblers.get)(delta.request_id, None)
+            if assembler is not None:
+                outputs.append(assembler.apply(delta))
+        return outputs
+
+    def warm_up(self) -> None:
+        """Compile every kernel variant and capture the CUDA graphs (the runner's warm-up), then a
+        prefill, decodes and sampling, so no request pays compilation time."""
+        self.model_runner.warmup()
+        self.add_request("warmup", prompt_token_ids=[1, 2, 3, 4],
+                         sampling_params={"temperature": 0.0, "max_tokens": 4, "ignore_eos": True})
+        while self.has_unfinished_requests():
+            self.step()
+
+    def close(self) -> None:
+        """Stop what the model runner started (tensor-parallel workers); the engine is unusable after."""
+        self.model_runner.close()
+
+    # --- stats --------------------------------------------------------------------------------
+
+    def get_stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_free=bm.num_free_blocks,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_cached_tokens=self.scheduler.num_cached_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+            num_async_steps=self._num_async_steps,
+        )
+
+
+def start_engine(config: EngineConfig) -> LLMEngine:
+    """An LLMEngine for config, warmed up; a failure stops what it started (tensor-parallel workers)."""
+    engine = LLMEngine(config)
+    try:
+        engine.warm_up()
+    except BaseException:
+        engine.close()
+        raise
+    return engine

@@ -1,1 +1,0 @@
-"""Building blocks of the decoder models; their hot ops go through llm_engine.ops."""
