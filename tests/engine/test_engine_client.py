@@ -19,6 +19,8 @@ from llm_engine.engine.process_client import EngineProcessClient
 from llm_engine.errors import EngineDeadError, EngineStartError
 from ragstack.process_tree import is_alive
 
+pytestmark = pytest.mark.slow  # starts processes or compiles kernels: not in `make test-fast`
+
 CONFIG = dict(device="cpu", max_model_len=128, max_num_seqs=4, max_waiting=3)
 GREEDY = dict(temperature=0.0, max_tokens=16, ignore_eos=True)
 LONG = dict(temperature=0.0, max_tokens=100, ignore_eos=True)

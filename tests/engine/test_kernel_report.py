@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts processes or compiles kernels: not in `make test-fast`
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_report.py"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiers import FLOAT32_IN_FULL_RUN
 
 from llm_engine.kernels import SKINNY_MAX_ROWS, fits_skinny_linear, skinny_linear, skinny_linear_ref
 from llm_engine.kernels.launch_config import override_launch_params
@@ -22,7 +23,7 @@ def randn(gen, *shape, dtype, device):
     return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, SKINNY_MAX_ROWS])
 @pytest.mark.parametrize("out_features, in_features", [(16, 64), (40, 96), (100, 200)])  # partial N and K tiles
 @pytest.mark.parametrize("mode", list(MODES))
@@ -44,7 +45,7 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("block_n", [4, 16])
 @pytest.mark.parametrize("pdl", [False, True])

@@ -17,6 +17,8 @@ from llm_engine.core.scheduled_batch import ScheduledBatch
 from llm_engine.core.sequence import Sequence
 from llm_engine.errors import WorkerError
 
+pytestmark = pytest.mark.slow  # starts processes or compiles kernels: not in `make test-fast`
+
 PROMPTS = [
     "The capital of France is",
     "Retrieval augmented generation combines a search engine with a language model, so",

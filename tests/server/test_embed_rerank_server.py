@@ -20,7 +20,7 @@ from text_models import embed, rerank, text_input
 
 pytestmark = pytest.mark.server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVAL = json.loads((ROOT / "tests" / "data" / "retrieval_eval.json").read_text())
 PASSAGES = [p["text"] for p in EVAL["passages"]]
 LONG = "Dynamic batching merges requests that arrive together. " * 60  # ~480 tokens > 256

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+pytestmark = pytest.mark.slow  # starts processes or compiles kernels: not in `make test-fast`
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_kernels_smoke_passes_every_reference_check():

@@ -12,7 +12,7 @@ import yaml
 
 from ragstack import admin_key
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 
 

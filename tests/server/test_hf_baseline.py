@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from ragstack.launcher import TritonServer
 from server_helpers import free_server_options, settled
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_serving  # noqa: E402 - a script, not a package
 

@@ -1,5 +1,5 @@
-"""Documents, chunking, stable ids, path safety, the index format, and idempotent re-indexing
-(embedding through the real server's `embed` model)."""
+"""Documents, chunking, stable ids, path safety and the index format (re-indexing through the
+server: server/test_index_build.py)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,6 @@ import pytest
 
 from ragstack import index_store, indexer
 from ragstack.chunking import chunk_documents, chunk_id, split_words
-from ragstack.client import RagClient
 from ragstack.documents import Document, DocumentError, UnsafePathError, html_to_text, read_folder
 
 
@@ -157,33 +156,3 @@ def test_hnsw_and_flat_versions_round_trip(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no staging left behind
     index, kind = index_store.make_index(vectors[:10])
     assert kind == "flat"   # auto: flat below HNSW_MIN_VECTORS
-
-
-# --- building through the server --------------------------------------------------------------
-
-@pytest.mark.server
-def test_reindexing_is_idempotent(tmp_path, triton_server):
-    corpus, model_dir = tmp_path / "corpus", tmp_path / "retriever"
-    corpus.mkdir()
-    (corpus / "a.md").write_text("Triton batches requests on the server. " * 30)
-    (corpus / "b.txt").write_text("FAISS searches vectors by inner product.")
-    with RagClient(triton_server.grpc_url) as client:
-        first = indexer.build(corpus, client, model_dir, progress=False)
-        assert (first.version, first.created, first.documents) == (1, True, 2)
-        manifest = first.path / index_store.MANIFEST_FILE
-        stamp = manifest.stat().st_mtime_ns
-
-        again = indexer.build(corpus, client, model_dir, progress=False)
-        assert (again.version, again.created) == (1, False)
-        assert manifest.stat().st_mtime_ns == stamp and index_store.versions(model_dir) == [1]
-
-        (corpus / "b.txt").write_text("FAISS searches vectors by inner product, exactly or with HNSW.")
-        changed = indexer.build(corpus, client, model_dir, progress=False)
-        assert (changed.version, changed.created) == (2, True)
-        assert index_store.versions(model_dir) == [1, 2]
-
-        forced = indexer.build(corpus, client, model_dir, force=True, progress=False)
-        assert (forced.version, forced.created) == (3, True)
-    passages = index_store.load_passages(changed.path)
-    assert [p.source for p in passages] == ["a.md", "a.md", "b.txt"]
-    assert os.path.getsize(changed.path / index_store.INDEX_FILE) > 0
