@@ -34,7 +34,7 @@ STEPS.append(Step(
 STEPS.append(Step(
     name="tiny-checkpoints",  # tiny random Llama / Mistral / Qwen2 HF folders for the engine tests
     command=["{python}", "scripts/make_tiny_checkpoints.py"],
-    inputs=["scripts/make_tiny_checkpoints.py"],
+    inputs=["clients/ragstack/tiny_checkpoints.py"],
     outputs=["checkpoints/tiny-llama/config.json", "checkpoints/tiny-mistral/config.json",
              "checkpoints/tiny-qwen2/config.json"],
 ))
@@ -43,7 +43,7 @@ STEPS.append(Step(
     name="llm-demo-checkpoint",  # the served llm's default weights: a tiny random Qwen2 (see docs/llm_model.md)
     command=["{python}", "scripts/make_tiny_checkpoints.py", "--out-dir", "model_repository/llm/1",
              "--only", "tiny-qwen2"],
-    inputs=["scripts/make_tiny_checkpoints.py"],
+    inputs=["clients/ragstack/tiny_checkpoints.py"],
     outputs=["model_repository/llm/1/tiny-qwen2/config.json"],
 ))
 
