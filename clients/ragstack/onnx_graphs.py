@@ -1,4 +1,4 @@
-"""The torch modules that `scripts/export_onnx.py` turns into the served ONNX graphs.
+"""The torch modules that `ragstack.onnx_export` turns into the served ONNX graphs.
 
 Every graph takes what the `tokenizer` backend produces — `input_ids`, `attention_mask`,
 `token_type_ids`, int64 [N, S], right-padded — and returns one float32 tensor:

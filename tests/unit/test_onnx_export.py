@@ -1,4 +1,4 @@
-"""scripts/export_onnx.py: graphs match PyTorch, tensors match the configs, variants, up-to-date skip."""
+"""ragstack.onnx_export: graphs match PyTorch, tensors match the configs, variants, up-to-date skip."""
 from __future__ import annotations
 
 import json
