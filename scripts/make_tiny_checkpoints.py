@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write the tiny random HF checkpoints (tiny-llama, tiny-mistral, tiny-qwen2) of ragstack.tiny_checkpoints.
 
 `ragstack build` runs this in-process; by hand:

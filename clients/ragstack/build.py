@@ -84,7 +84,7 @@ def run(force: bool = False, only: list[str] | None = None) -> int:
         print(f"[build] {step.name}: {step.run.func.__module__}.{step.run.func.__name__}", flush=True)
         try:
             step.run()
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure of a step stops the build with its traceback and status 1
             traceback.print_exc()
             print(f"[build] {step.name} failed", file=sys.stderr)
             return 1
