@@ -1,5 +1,6 @@
 """`ragstack bench`: RAG queries against a running server at each concurrency; prints latency, TTFT,
-queries/s and the per-step breakdown from the server's metrics; --record appends it to a benchmarks file."""
+queries/s and the per-step breakdown from the server's metrics. A recorded run of the same is
+`python -m benchmarks.bench_rag --url ...` (benchmarks/ writes the records)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=32, help="queries per level")
     parser.add_argument("--max-tokens", type=int, default=64, help="answer length (greedy, EOS ignored)")
     parser.add_argument("--metrics-url", default=DEFAULT_METRICS_URL)
-    parser.add_argument("--record", metavar="FILE", help="append the table to this file, e.g. docs/benchmarks.md")
     add_connection_arguments(parser)
 
 
@@ -32,10 +32,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--concurrency and --requests must be at least 1")
         rows = rag_bench.bench(args.url or default_url(args.protocol), args.protocol, levels, args.requests,
                                args.max_tokens, args.metrics_url)
-        text = rag_bench.table(rows)
-        print(text)
-        if args.record:
-            rag_bench.record(args.record, "RAG query benchmark", "ragstack " + " ".join(sys.argv[1:]), text)
+        print(rag_bench.table(rows))
         failed = [r for r in rows if r["ok"] < r["requests"]]
         for r in failed:
             print(f"ragstack bench: concurrency {r['concurrency']}: {r['requests'] - r['ok']} failed, "

@@ -3,18 +3,13 @@ at each concurrency, and a per-step breakdown from the server's per-model metric
 read before and after each level, divided by that model's request count)."""
 from __future__ import annotations
 
-import os
-import platform
 import threading
 import time
 import urllib.request
-from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
 from ragstack.client import RagClient
-from ragstack.provenance import source_commit
 from ragstack.results import RagstackError
 
 # Questions about data/sample_corpus, so retrieval and reranking work on real matches.
@@ -152,12 +147,3 @@ def table(rows: list[dict]) -> str:
     lines.append("| llm engine TTFT / end-to-end ms | " + cells(llm) + " |")
     return "\n".join(lines)
 
-
-def record(path: str | Path, title: str, command: str, text: str, notes: str = "") -> None:
-    """Appends a section to a benchmarks file, in docs/benchmarks.md's style."""
-    commit = source_commit()
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.node()}"
-    with open(path, "a") as f:
-        f.write(f"\n## {title} ({stamp})\n\nMachine: {machine}; commit {commit}; command: `{command}`\n\n{text}\n"
-                + (f"\n{notes}\n" if notes else ""))

@@ -1,4 +1,4 @@
-"""scripts/kernel_report.py: the attention kernels compiled for sm_90 on this CPU (no GPU), with the
+"""benchmarks/kernel_report.py: the attention kernels compiled for sm_90 on this CPU (no GPU), with the
 launch parameters the engine would use there."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # starts processes or compiles kernels: not in `make test-fast`
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_report.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_report.py"
 
 
 def report(*args: str) -> subprocess.CompletedProcess:

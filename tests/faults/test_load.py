@@ -1,4 +1,4 @@
-"""Load on the session server, bounded for CI (scripts/load_test.py runs the full-size version):
+"""Load on the session server, bounded for CI (benchmarks/load_test.py runs the full-size version):
 1000 concurrent streaming llm requests with 200 concurrent rag queries, every one followed to its
 end, the server's memory compared before and after; then an overload burst beyond llm_small_queue's
 queue (max_num_seqs=2, max_waiting=2)."""

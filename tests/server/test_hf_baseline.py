@@ -1,10 +1,9 @@
-"""The HF generate() baseline of scripts/bench_serving.py on its own real server: requests sent together
+"""The HF generate() baseline of benchmarks/bench_serving.py on its own real server: requests sent together
 run as one batch, each answered with its own number of tokens; sampling it cannot do is refused."""
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +11,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from benchmarks import bench_serving
 from ragstack.launcher import TritonServer
 from server_helpers import free_server_options, settled
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_serving  # noqa: E402 - a script, not a package
-
-TINY = ROOT / "model_repository" / "llm" / "1" / "tiny-qwen2"
+TINY = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_kernels_smoke_passes_every_reference_check():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), "--smoke"],
+    result = subprocess.run([sys.executable, "-m", "benchmarks.bench_kernels", "--smoke"], cwd=ROOT,
                             env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

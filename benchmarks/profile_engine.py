@@ -1,9 +1,9 @@
-"""Where the engine's step time goes on the GPU: a window of steps of a bench_engine workload under
+r"""Where the engine's step time goes on the GPU: a window of steps of a bench_engine workload under
 torch.profiler (CUDA activity only, so the host runs at its normal speed), kernels grouped by name,
 device busy time against wall time, and the shape of the steps in the window.
 
-    python scripts/profile_engine.py --model /tmp/l8b --workload b --steps 300:340
-    python scripts/profile_engine.py --model /tmp/l8b --workload a --steps 100:140 \
+    python -m benchmarks.profile_engine --model /tmp/l8b --workload b --steps 300:340
+    python -m benchmarks.profile_engine --model /tmp/l8b --workload a --steps 100:140 \
         --engine '{"max_num_batched_tokens": 8192}'
 
 Requests are added as a streaming server adds them (an output per token), or with --final-only as
@@ -18,7 +18,6 @@ import contextlib
 import cProfile
 import json
 import pstats
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_engine import make_workload  # noqa: E402
-from bench_step_host import PHASES, instrument, uninstrument  # noqa: E402
-
-from llm_engine.kernels.launch_config import override_launch_params  # noqa: E402
+from benchmarks.bench_engine import make_workload
+from benchmarks.bench_step_host import PHASES, instrument, uninstrument
+from llm_engine.kernels.launch_config import override_launch_params
 
 # Kernel-name fragments of the matrix multiplications (cuBLAS / CUTLASS; nvjet is cuBLAS on Hopper).
 GEMM_NAMES = ("gemm", "nvjet", "cutlass", "xmma", "splitk", "gemv")

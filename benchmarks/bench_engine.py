@@ -1,31 +1,31 @@
-"""Engine benchmark, in-process: our engine and HF transformers `generate()` on the same weights
+r"""Engine benchmark, in-process: our engine and HF transformers `generate()` on the same weights
 and prompts, in one run, plus the single-stream roofline from the bandwidth measured in the run.
 
 Workloads (issue 7): a = one stream, 128-token prompt, 256 output tokens; b = N requests at once,
 prompts uniform in 128..1024, outputs uniform in 128..512 (ignore_eos); c = 8 requests of 16k-token
 prompts, 128 output tokens; d = FP8 KV against bf16 KV on b and c.
 
-    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a,b --num-requests 1000
+    python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a,b --num-requests 1000
 
 The engine runs with async scheduling (its default); --compare-sync adds a row per workload with
 it off, in the same run:
 
-    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf --compare-sync
+    python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a --no-hf --compare-sync
 
 --engine JSON sets EngineConfig fields; repeated, each workload runs once per setting:
 
-    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads b --no-hf \
+    python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads b --no-hf \
         --engine '{}' --engine '{"max_num_batched_tokens": 8192}'
 
 and "launch_params" in it overrides launch configs for that setting's engine (here h200.json's fused
 single-row projections against the unfused ones):
 
-    python scripts/bench_engine.py --model /tmp/llama3-8b --workloads a --no-hf \
+    python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a --no-hf \
         --engine '{}' --engine '{"launch_params": {"skinny_linear": {"max_rows": 0}}}'
 
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
-    python scripts/bench_engine.py --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
+    python -m benchmarks.bench_engine --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
 """
 from __future__ import annotations
 
@@ -45,10 +45,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "clients"))
-
-from ragstack.provenance import append_record  # noqa: E402
+from benchmarks import record
+from benchmarks.provenance import machine
+from benchmarks.table import markdown, rounded
 
 
 @dataclass
@@ -253,7 +252,7 @@ def target_notes(rows: list[Row], roof: float) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF model folder (scripts/make_random_model.py)")
+    parser.add_argument("--model", required=True, help="HF model folder (benchmarks/make_random_model.py)")
     parser.add_argument("--workloads", default="a,b", help="comma-separated from a,b,c,d")
     parser.add_argument("--num-requests", type=int, default=1000, help="requests in workload b")
     parser.add_argument("--hf-requests", type=int, default=None,
@@ -270,8 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", action="append", type=json.loads, default=None, metavar="JSON",
                         help="EngineConfig overrides; repeat to run each workload once per setting")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
-                        help="append the table here (empty to skip)")
+    record.add_argument(parser, "engine")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.startup and args.tensor_parallel_size > 1:
@@ -298,17 +296,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # Each rank reads its share of the weights and KV: ideally the bandwidth of all its GPUs together.
     roof = roofline_tok_s(args.model, bandwidth * args.tensor_parallel_size, 128, 256)
-    header = ("| system | workload | KV | requests | output tok | s | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms "
-              "| peak GB |\n|---|---|---|---|---|---|---|---|---|---|\n")
-
-    def fmt(v):
-        return "-" if v is None else f"{v:.1f}"
-
-    lines = [f"| {r.system} | {r.workload} | {r.kv_dtype} | {r.requests} | {r.output_tokens} | {r.seconds:.1f} | "
-             f"{r.tok_s:,.0f} | {fmt(r.ttft_p50_ms)} / {fmt(r.ttft_p99_ms)} | {fmt(r.itl_p50_ms)} / "
-             f"{fmt(r.itl_p99_ms)} | {r.peak_mem_gb:.1f} |" for r in rows]
     gpus = "" if args.tensor_parallel_size == 1 else f" per GPU, x{args.tensor_parallel_size} GPUs"
-    notes = [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s{gpus}; single-stream roofline for (a) "
+    notes = [f"model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L",
+             f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s{gpus}; single-stream roofline for (a) "
              f"{roof:.0f} tok/s"]
     notes += target_notes(rows, roof)
     startup = measure_startup(args.model, args.max_model_len) if args.startup else None
@@ -316,18 +306,24 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"load-to-ready {startup['warm']:.1f} s with a warm kernel cache, {startup['cold']:.1f} s cold; "
                      f"reading the weights onto the GPU alone {startup['weights_s']:.1f} s (target: warm <= weights "
                      f"+ 10 s: {'met' if startup['warm'] <= startup['weights_s'] + 10 else 'missed'})")
-    table = header + "\n".join(lines)
-    print(table)
+    table = [table_row(r) for r in rows]
+    print(markdown(table))
     print("; ".join(notes))
     gpu = torch.cuda.get_device_name()
     if args.json:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "bandwidth": bandwidth,
                                          "roofline_a": roof, "startup": startup, "gpu": gpu}, indent=1))
     if args.record:
-        append_record(args.record, "Engine in-process vs HF generate", gpu, "bench_engine.py", argv,
-                      f"{table}\n\n{'; '.join(notes)}.",
-                      details=f"model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L random bf16")
+        record.write(args.record, __file__, argv, args, machine(), table, notes)
     return 0
+
+
+def table_row(r: Row) -> dict:
+    return {"system": r.system, "workload": r.workload, "KV": r.kv_dtype, "requests": r.requests,
+            "output tok": r.output_tokens, "s": round(r.seconds, 1), "tok/s": round(r.tok_s),
+            "TTFT p50 ms": rounded(r.ttft_p50_ms, 1), "TTFT p99 ms": rounded(r.ttft_p99_ms, 1),
+            "ITL p50 ms": rounded(r.itl_p50_ms, 1), "ITL p99 ms": rounded(r.itl_p99_ms, 1),
+            "peak GB": round(r.peak_mem_gb, 1)}
 
 
 if __name__ == "__main__":

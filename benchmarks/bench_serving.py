@@ -1,6 +1,6 @@
 """Serving benchmark: the same requests through the real Triton server (gRPC streaming, the llm
 model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, through the same
-server running HF generate() in a plain Python model (scripts/serving_baselines/hf_generate), side
+server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
 by side in one run.
 
 The script writes a temporary model repository whose `llm` runs --model with the given engine
@@ -9,14 +9,13 @@ with --baseline hf it does the same for a repository holding only the baseline (
 baseline's alone); then it replays the same requests in-process. Rows: output tok/s, TTFT and
 inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole request).
 
-    python scripts/bench_serving.py --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
+    python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import platform
 import random
 import shutil
 import string
@@ -28,8 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import record
+from benchmarks.provenance import machine
+from benchmarks.table import markdown, rounded
+
 ROOT = Path(__file__).resolve().parents[1]
-HF_BASELINE = ROOT / "scripts" / "serving_baselines" / "hf_generate"
+HF_BASELINE = Path(__file__).resolve().parent / "serving_baselines" / "hf_generate"
 HF_SYSTEM = "hf-generate (triton)"
 TARGET_SPEEDUP = 2.6  # issue 7: the published vLLM-over-Triton-PyTorch throughput gap
 
@@ -130,6 +133,13 @@ def summarize(system: str, concurrency: int, results: list[Result], elapsed: flo
             "itl_p99_ms": percentile_ms(gaps, 99)}
 
 
+def table_row(r: dict) -> dict:
+    return {"system": r["system"], "concurrency": r["concurrency"], "requests": r["requests"],
+            "output tok": r["output_tokens"], "tok/s": round(r["tok_s"]),
+            **{f"{name} {q} ms": rounded(r[f"{key}_{q}_ms"], 1) for name, key in (("TTFT", "ttft"), ("ITL", "itl"))
+               for q in ("p50", "p99")}}
+
+
 def write_repository(dest: Path, model: str, settings: dict) -> None:
     """The project's llm config, its engine settings replaced by this run's (engine.json wins)."""
     llm = dest / "llm"
@@ -193,10 +203,6 @@ def per_level(parser, flag: str, value: str, levels: list[int]) -> list[int]:
     return counts
 
 
-def ms(value: float) -> str:
-    return "-" if np.isnan(value) else f"{value:.1f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -218,17 +224,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="send the baseline only the first N requests (it is slow), one count or one per "
                              "level; default: as --num-requests")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"))
+    record.add_argument(parser, "serving")
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT / "clients"))
     import torch
 
     from llm_engine.engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
     from llm_engine.engine.engine_process import cpu_threads
     from llm_engine.model.tokenizer import Tokenizer
-    from ragstack.provenance import append_record
 
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -262,22 +266,14 @@ def main(argv: list[str] | None = None) -> int:
             engine.shutdown(timeout=0)
     asyncio.run(in_process())
 
-    table = ["| system | concurrency | requests | output tok | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        table.append(f"| {r['system']} | {r['concurrency']} | {r['requests']} | {r['output_tokens']} | "
-                     f"{r['tok_s']:,.0f} | {ms(r['ttft_p50_ms'])} / {ms(r['ttft_p99_ms'])} | "
-                     f"{ms(r['itl_p50_ms'])} / {ms(r['itl_p99_ms'])} |")
+    table = [table_row(r) for r in rows]
     ratios = [comparison(rows, c) for c in levels]
-    text = "\n".join(table)
-    print(text)
+    print(markdown(table))
     print("; ".join(ratios))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.record:
-        machine = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
-        title = "LLM through Triton vs in-process" + (" and HF generate() through Triton" if args.baseline else "")
-        append_record(args.record, title, machine, "bench_serving.py", argv, f"{text}\n\n{'; '.join(ratios)}.")
+        record.write(args.record, __file__, argv, args, machine(settings.get("device", "auto")), table, ratios)
     return 0
 
 

@@ -4,9 +4,9 @@ end (exactly one FINAL, or an error; hung, lost and duplicated ones counted); th
 the server's memory (tritonserver and its Python stubs) before, at peak and after. Then a burst
 beyond llm_small_queue's queue (tests/fixtures): refusals at once, admitted latency bounded, served
 again afterwards. Starts its own server (project repositories plus tests/fixtures/model_repository)
-unless --url is given; prints one table and appends it to docs/benchmarks.md.
+unless --url is given; prints one table and records it.
 
-    .venv/bin/python scripts/load_test.py [--llm 1000] [--rag 200] [--url localhost:8001 --server-pid PID]
+    python -m benchmarks.load_test [--llm 1000] [--rag 200] [--url localhost:8001 --server-pid PID]
 """
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import record
+from benchmarks.provenance import machine
+from benchmarks.table import markdown, rounded
+from ragstack import load_gen, process_tree
+from ragstack.launcher import DEFAULT_REPOSITORIES, ServerOptions, TritonServer, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 MEMORY_TOLERANCE = (0.10, 150 * MiB)  # after - before must stay under max(10% of before, 150 MiB)
@@ -24,8 +30,6 @@ MEMORY_TOLERANCE = (0.10, 150 * MiB)  # after - before must stay under max(10% o
 
 async def with_progress(coro, pid: int | None, counter: list[int]):
     """Runs `coro`, printing every 5 s how many responses have come and the server's memory."""
-    from ragstack import process_tree  # noqa: PLC0415
-
     task = asyncio.ensure_future(coro)
     start = time.monotonic()
     while not task.done():
@@ -35,31 +39,27 @@ async def with_progress(coro, pid: int | None, counter: list[int]):
     return task.result()
 
 
-def table(load: dict, memory: tuple | None, over: dict | None) -> str:
-    llm, rag = load["llm"], load["rag"]
-
-    def row(name, fn):
-        return f"| {name} | {fn(llm)} | {fn(rag)} |"
-
-    lines = ["| measure | llm (streaming) | rag (ensemble) |", "|---|---|---|",
-             row("requests at once", lambda s: s["requests"]),
-             row("ok (one FINAL) / errors", lambda s: f"{s['ok']} / {s['error']}"),
-             row("hung / lost / duplicate", lambda s: f"{s['hung']} / {s['lost']} / {s['duplicate']}"),
-             row("errors by message", lambda s: "; ".join(f"{n}x {m}" for m, n in s["errors"].items()) or "-"),
-             row("completed requests/s", lambda s: f"{s['per_s']:.1f}"),
-             row("latency p50 / p99 ms", lambda s: f"{s['p50_ms']:.0f} / {s['p99_ms']:.0f}"),
-             row("first response p99 ms", lambda s: f"{s['first_p99_ms']:.0f}")]
+def table_rows(load: dict, memory: tuple | None, over: dict | None) -> list[dict]:
+    """A row for each kind of request, one for the server's memory and one for the overload burst;
+    printed transposed (a column each)."""
+    rows = [{"load": name, "requests at once": s["requests"], "ok (one FINAL)": s["ok"], "errors": s["error"],
+             "hung": s["hung"], "lost": s["lost"], "duplicate": s["duplicate"],
+             "errors by message": "; ".join(f"{n}x {m}" for m, n in s["errors"].items()) or None,
+             "completed requests/s": rounded(s["per_s"], 1), "latency p50 ms": rounded(s["p50_ms"]),
+             "latency p99 ms": rounded(s["p99_ms"]), "first response p99 ms": rounded(s["first_p99_ms"])}
+            for name, s in (("llm (streaming)", load["llm"]), ("rag (ensemble)", load["rag"]))]
     if memory:
-        before, peak, after = (m / MiB for m in memory)
-        lines.append(f"| server memory before / peak / after MiB | {before:.0f} / {peak:.0f} / {after:.0f} | |")
+        rows.append({"load": "server memory", **{f"memory {when} MiB": round(m / MiB)
+                                                 for when, m in zip(("before", "peak", "after"), memory)}})
     if over:
-        lines += [f"| overload: burst on llm_small_queue | {over['burst']} at once | |",
-                  f"| overload: admitted / refused / other | {over['admitted']} / {over['refused']} / {over['other']} | |",
-                  f"| overload: refusal message | {'; '.join(over['errors']) or '-'} | |",
-                  f"| overload: slowest refusal ms | {over['refused_max_ms']:.0f} | |",
-                  f"| overload: alone / admitted p99 / after ms | {over['alone'].seconds * 1e3:.0f} / "
-                  f"{over['admitted_p99_ms']:.0f} / {over['after'].seconds * 1e3:.0f} | |"]
-    return "\n".join(lines)
+        rows.append({"load": "overload: burst on llm_small_queue", "requests at once": over["burst"],
+                     "admitted": over["admitted"], "refused": over["refused"], "other": over["other"],
+                     "refusal message": "; ".join(over["errors"]) or None,
+                     "slowest refusal ms": rounded(over["refused_max_ms"]),
+                     "alone ms": rounded(over["alone"].seconds * 1e3),
+                     "admitted p99 ms": rounded(over["admitted_p99_ms"]),
+                     "after ms": rounded(over["after"].seconds * 1e3)})
+    return rows
 
 
 def verdicts(load: dict, memory: tuple | None, over: dict | None) -> list[str]:
@@ -90,12 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a request counts as hung")
     parser.add_argument("--url", help="gRPC address of a running server (default: start one)")
     parser.add_argument("--server-pid", type=int, help="with --url: the tritonserver pid, to measure its memory")
-    parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"), help="'' to skip")
+    record.add_argument(parser, "load")
     args = parser.parse_args(argv)
-
-    sys.path.insert(0, str(ROOT / "clients"))
-    from ragstack import load_gen, process_tree, rag_bench  # noqa: PLC0415
-    from ragstack.launcher import DEFAULT_REPOSITORIES, ServerOptions, TritonServer, free_port  # noqa: PLC0415
 
     server = None
     if args.url is None:
@@ -132,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if server:
             server.stop()
 
-    text = table(load, memory, over)
+    rows = table_rows(load, memory, over)
     failed = verdicts(load, memory, over)
     notes = (f"{args.llm_tokens}-token llm answers, {args.rag_tokens}-token rag answers (greedy, EOS ignored), all "
              "requests sent at once, one gRPC stream each; latency from sending to the FINAL response. Memory: the "
@@ -141,11 +137,10 @@ def main(argv: list[str] | None = None) -> int:
              "carries no status code (nor does Triton 2.51's HTTP generate, which answers 400 to any model error), "
              "so refusals are told by message. "
              + ("Every check held." if not failed else "Failed: " + "; ".join(failed) + "."))
-    print(text)
+    print(markdown(rows, transpose=True))
     print(notes)
     if args.record:
-        rag_bench.record(args.record, "Load and overload on the CPU (issue 8)",
-                         f"python scripts/load_test.py {' '.join(argv)}".strip(), text, notes)
+        record.write(args.record, __file__, argv, args, machine(), rows, [notes])
     return 1 if failed else 0
 
 

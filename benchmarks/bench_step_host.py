@@ -14,13 +14,12 @@ upload): on a GPU that part is device idle time, which async scheduling hides wh
 total stays below the device's step time. On a GPU, forward and sample are launches and wait is
 the time the host blocks for the device.
 
-    python scripts/bench_step_host.py --model checkpoints/tiny-llama --batch 1,64
+    python -m benchmarks.bench_step_host --model checkpoints/tiny-llama --batch 1,64
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import platform
 import random
 import statistics
 import sys
@@ -30,10 +29,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "clients"))
-
-from ragstack.provenance import append_record  # noqa: E402
+from benchmarks import record
+from benchmarks.provenance import machine
+from benchmarks.table import markdown, rounded
 
 PHASES = ["schedule", "account", "prepare", "upload", "forward", "sample", "wait", "emit"]
 
@@ -118,29 +116,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch", default="1,64", help="comma-separated numbers of concurrent requests")
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--record", default=str(ROOT / "docs" / "benchmarks.md"),
-                        help="append the table here (empty to skip)")
+    record.add_argument(parser, "step_host")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
-    rows = [measure(args.model, args.device, int(b), args.output_tokens, a)
+    rows = [table_row(measure(args.model, args.device, int(b), args.output_tokens, a))
             for b in args.batch.split(",") for a in (False, True)]
-    cols = ["wall", *PHASES, "other"]
-    header = ("| mode | batch | decode steps | async steps | " + " | ".join(f"{c} ms" for c in cols)
-              + " | host between ids and next launch, sync ms |\n|" + "---|" * (len(cols) + 5) + "\n")
-    lines = []
-    for r in rows:
-        gap = f"{r['account'] + r['schedule'] + r['prepare'] + r['upload']:.3f}" if r["mode"] == "sync" else "-"
-        lines.append(f"| {r['mode']} | {r['batch']} | {r['steps']} | {r['async_steps']} | "
-                     + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {gap} |")
-    table = header + "\n".join(lines)
-    print(table)
+    print(markdown(rows))
     if args.record:
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else \
-            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-        append_record(args.record, "Host time per engine step, async scheduling off / on", device,
-                      "bench_step_host.py", argv, table, details=f"model {Path(args.model).name}")
+        notes = [f"model {Path(args.model).name}, {torch.get_num_threads()} torch threads"]
+        record.write(args.record, __file__, argv, args, machine(args.device), rows, notes)
     return 0
+
+
+def table_row(r: dict) -> dict:
+    """Milliseconds to the microsecond; with async scheduling off, also the host work between a step's
+    sampled ids and the next launch (device idle time on a GPU)."""
+    gap = r["account"] + r["schedule"] + r["prepare"] + r["upload"] if r["mode"] == "sync" else None
+    return {"mode": r["mode"], "batch": r["batch"], "decode steps": r["steps"], "async steps": r["async_steps"],
+            **{f"{c} ms": round(r[c], 3) for c in ["wall", *PHASES, "other"]},
+            "host between ids and next launch, sync ms": rounded(gap, 3)}
 
 
 if __name__ == "__main__":

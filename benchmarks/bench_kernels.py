@@ -1,4 +1,4 @@
-"""Kernel benchmark: each Triton kernel of llm_engine alone, against limits measured in the same run.
+r"""Kernel benchmark: each Triton kernel of llm_engine alone, against limits measured in the same run.
 
 Limits: device-to-device copy of a 4 GiB buffer (eager torch copy_), (read + write bytes) / time,
 for the memory-bound kernels; bf16 torch.matmul 8192^3 TFLOP/s for prefill attention. Every case
@@ -15,11 +15,11 @@ decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and f
 the launch config's skinny_linear max_rows can be set from the ratio (towards (a)'s 85% of the roofline).
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
 
-    python scripts/bench_kernels.py --json /tmp/kernels.json --record docs/benchmarks.md
-    python scripts/bench_kernels.py --sweep --cases decode,decode_32k   # best launch configs
-    python scripts/bench_kernels.py --smoke                              # CPU interpreter, checks only
+    python -m benchmarks.bench_kernels --json /tmp/kernels.json
+    python -m benchmarks.bench_kernels --sweep --cases decode,decode_32k   # best launch configs
+    python -m benchmarks.bench_kernels --smoke                              # CPU interpreter, checks only
     ncu --clock-control none -k regex:_decode_split_kernel --set full -o /tmp/decode \
-        python scripts/bench_kernels.py --cases decode_serving --launches 1  # each kernel under a profiler
+        python -m benchmarks.bench_kernels --cases decode_serving --launches 1  # each kernel under a profiler
 """
 from __future__ import annotations
 
@@ -28,13 +28,11 @@ import functools
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,9 +50,10 @@ from llm_engine.kernels.decode_attention import _choose_num_splits  # noqa: E402
 from llm_engine.kernels.launch_config import launch_params, override_launch_params  # noqa: E402
 from llm_engine.model.layers.rotary_embedding import compute_cos_sin_cache  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "clients"))
-from ragstack.provenance import source_commit  # noqa: E402
+from benchmarks import record  # noqa: E402
+from benchmarks.provenance import source_commit  # noqa: E402
+from benchmarks.table import markdown, rounded  # noqa: E402
+
 # Seconds of back-to-back launches before timing: an idle GPU (while a kernel compiles) runs at
 # lower clocks until it has been busy for a while.
 WARMUP_S = 0.2
@@ -478,11 +477,10 @@ def sweep(bench: Bench, reps: int | None) -> dict:
     return summary
 
 
-def fmt_row(r: Row) -> str:
-    time = "-" if r.time_us is None else f"{r.time_us:,.1f}"
-    value = f"{r.achieved:.2f}" if r.unit == "x" else f"{r.achieved:,.0f}"
-    met = "-" if r.met is None else ("yes" if r.met else "NO")
-    return f"| {r.case} | {r.shape} | {time} | {value} {r.unit} | {r.pct_of_limit:.0f}% | {r.target} | {met} |"
+def table_row(r: Row) -> dict:
+    return {"case": r.case, "shape": r.shape, "time us": rounded(r.time_us, 1),
+            "achieved": round(r.achieved, 2) if r.unit == "x" else round(r.achieved), "unit": r.unit,
+            "% of limit": round(r.pct_of_limit), "target": r.target, "met?": r.met}
 
 
 def main() -> int:
@@ -494,18 +492,19 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
     parser.add_argument("--json", type=Path, help="write the rows, limits and sweep results here")
-    parser.add_argument("--record", type=Path, help="append the table to this markdown file")
+    record.add_argument(parser, "kernels")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU, Triton interpreter, tiny shapes: reference checks only, no timing")
     parser.add_argument("--launches", type=int, default=0, metavar="N",
                         help="after its check, launch each case's kernel N more times and time nothing (to "
                              "run under a profiler such as Nsight Compute, which then sees N + 1 launches)")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    args = parser.parse_args(argv)
     if args.reps < 20:
         parser.error("--reps must be >= 20")
-    if args.smoke and (args.json or args.record):
+    if args.smoke and args.json:
         parser.error("--smoke measures nothing to write")
-    if args.launches and (args.json or args.record or args.sweep):
+    if args.launches and (args.json or args.sweep):
         parser.error("--launches times nothing, so there is nothing to write or sweep")
     if not args.smoke and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU; --smoke runs the checks on the CPU")
@@ -529,7 +528,7 @@ def main() -> int:
                 bench.call()
             if limits:
                 rows.append(measure(bench, limits, args.reps))
-                print(fmt_row(rows[-1]), flush=True)
+                print(rows[-1], flush=True)
             else:
                 print(f"ok {bench.case}: {bench.shape}", flush=True)
             if args.sweep and bench.candidates:
@@ -555,28 +554,22 @@ def main() -> int:
     limits_line = (f"Limits measured in this run: device-to-device copy of 4 GiB {limits.bandwidth / 1e9:,.0f} GB/s "
                    f"(read + write); bf16 torch.matmul 8192^3 {limits.tflops:.0f} TFLOP/s. Medians of {args.reps} "
                    "CUDA-graph replays, L2 flushed before each.")
-    table = "\n".join(["| case | shape | time us | achieved | % of limit | target | met? |",
-                       "|---|---|---|---|---|---|---|", *map(fmt_row, rows)])
-    best = [f"- {s['case']} ({s['kernel']}): {json.dumps(s['best']['params'])} {json.dumps(s['best']['kwargs'])} "
+    best = [f"{s['case']} ({s['kernel']}): {json.dumps(s['best']['params'])} {json.dumps(s['best']['kwargs'])} "
             f"{s['best']['time_us']:,.1f} us (configured: {s['default_us']:,.1f} us)" for s in sweeps if "best" in s]
-    print(f"\n{table}\n\n{limits_line}")
+    table = [table_row(r) for r in rows]
+    print(f"\n{markdown(table)}\n\n{limits_line}")
     if best:
-        print(f"\n{BEST_HEADER}\n" + "\n".join(best))
+        print(f"\n{BEST_HEADER}\n" + "\n".join(f"- {b}" for b in best))
 
     gpu = torch.cuda.get_device_name()
-    command = " ".join(["python scripts/bench_kernels.py", *sys.argv[1:]])
     if args.json:
-        args.json.write_text(json.dumps({"gpu": gpu, "commit": source_commit(), "command": command,
+        args.json.write_text(json.dumps({"gpu": gpu, "commit": source_commit(), "argv": argv,
                                          "limits": asdict(limits), "rows": [asdict(r) for r in rows],
                                          "sweeps": sweeps}, indent=1))
     if args.record:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        machine = (f"{gpu}, {platform.node()}; torch {torch.__version__}, triton {triton.__version__}, "
-                   f"CUDA {torch.version.cuda}")
-        sweep_text = f"\n\n{BEST_HEADER}\n\n" + "\n".join(best) if best else ""
-        with open(args.record, "a") as f:
-            f.write(f"\n## Kernels on {gpu} ({stamp})\n\nMachine: {machine}; commit {source_commit()}; "
-                    f"command: `{command}`\n\n{table}\n\n{limits_line}{sweep_text}\n")
+        versions = f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}"
+        notes = [limits_line, versions] + ([BEST_HEADER, *best] if best else [])
+        record.write(args.record, __file__, argv, args, gpu, table, notes)
     if num_wrong:
         print(f"{num_wrong} swept configs gave wrong results (see WRONG RESULT above)")
     return int(num_wrong > 0)

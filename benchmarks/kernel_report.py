@@ -8,8 +8,8 @@ ones the engine would use on that GPU. Registers decide occupancy: an SM holds 6
 Numbers match the GPU's only with its Triton version (the lent H200 runs 3.6.0): run this from a
 venv holding that version, torch and the engine's requirements.
 
-    python scripts/kernel_report.py --kernel decode --kv-dtype fp8
-    python scripts/kernel_report.py --kernel prefill --launch '{"BLOCK_N": 64, "num_stages": 2}' --sass /tmp/p.sass
+    python -m benchmarks.kernel_report --kernel decode --kv-dtype fp8
+    python -m benchmarks.kernel_report --kernel prefill --launch '{"BLOCK_N": 64, "num_stages": 2}' --sass /tmp/p.sass
 """
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_kernels import Sizes  # noqa: E402  (this script's folder is on sys.path)
+from benchmarks.bench_kernels import Sizes  # noqa: E402
 from llm_engine.kernels import decode_attention, launch_config, prefill_attention  # noqa: E402
 
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8e4nv",

@@ -5,33 +5,30 @@ Triton: one text per request, C requests in flight (C = 1, 8, 32), so batches ar
 embedder's dynamic batcher. In-process: sentence-transformers `encode()` on batches of C texts.
 Texts: the passages and queries of tests/data/retrieval_eval.json, cycled. The two paths alternate
 for several rounds (the machine is shared: load from elsewhere then hits both alike); texts/s is
-the median over rounds, latencies are pooled. Prints a table and appends it, with date, machine,
-command and git commit, to docs/benchmarks.md.
+the median over rounds, latencies are pooled. Prints a table and records it (benchmarks/record.py).
 
-  scripts/bench_embed.py [--url HOST:GRPC_PORT] [--texts 1000] [--rounds 3] [--no-record]
+    python -m benchmarks.bench_embed [--url HOST:GRPC_PORT] [--texts 1000] [--rounds 3] [--no-record]
+
 Without --url it starts its own server (ragstack.launcher) with only `embed` loaded.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import record
+from benchmarks.provenance import machine
+from benchmarks.table import markdown
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "clients"))
-from ragstack.provenance import source_commit  # noqa: E402
 CONCURRENCY = (1, 8, 32)
-RESULTS = ROOT / "docs" / "benchmarks.md"
-SECTION = "## Embedding (issue 3)"
-INTRO = __doc__.split("\n\n")[1]  # the method, written once at the top of the section
 
 
 def bench_texts(count: int) -> list[str]:
@@ -47,9 +44,9 @@ def measurement(texts: int, seconds: float, latencies: list[float]) -> tuple[flo
 def summary(name: str, concurrency: int, rounds: list[tuple[float, list[float]]]) -> dict:
     rates = [rate for rate, _ in rounds]
     ms = np.concatenate([latencies for _, latencies in rounds]) * 1e3
-    return {"path": name, "concurrency": concurrency, "texts_per_s": float(np.median(rates)),
-            "range": (min(rates), max(rates)), "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99))}
+    return {"path": name, "concurrency / batch": concurrency, "texts/s (median)": round(float(np.median(rates))),
+            "texts/s min": round(min(rates)), "texts/s max": round(max(rates)),
+            "p50 ms": round(float(np.percentile(ms, 50)), 1), "p99 ms": round(float(np.percentile(ms, 99)), 1)}
 
 
 async def triton_run(url: str, texts: list[str], concurrency: int) -> tuple[float, list[float]]:
@@ -90,42 +87,15 @@ def in_process_run(model, texts: list[str], batch: int) -> tuple[float, list[flo
     return measurement(len(texts), time.perf_counter() - started, latencies)
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| path | concurrency / batch | texts/s (median) | texts/s (range) | p50 ms | p99 ms |",
-             "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['path']} | {r['concurrency']} | {r['texts_per_s']:.0f} | {r['range'][0]:.0f}-{r['range'][1]:.0f} "
-              f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |" for r in rows]
-    return "\n".join(lines)
-
-
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
-
-
-def record(text: str, ratio: float) -> None:
-    entry = (f"\n### {datetime.datetime.now().isoformat(timespec='seconds')}\n\n"
-             f"- machine: {machine()}\n- command: `{' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`\n"
-             f"- git commit: {source_commit()}\n"
-             f"- Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)\n\n{text}\n")
-    content = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-    if SECTION not in content:
-        content = content.rstrip("\n") + f"\n\n{SECTION}\n\n{INTRO}\n"
-    head, _, rest = content.partition(SECTION)
-    # append at the end of this section, before the next "## " section if there is one
-    cut = rest.find("\n## ")
-    body, tail = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
-    RESULTS.write_text(head + SECTION + body.rstrip("\n") + "\n" + entry + tail)
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="gRPC address of a running server with `embed` loaded")
     parser.add_argument("--texts", type=int, default=1000, help="texts per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both paths")
-    parser.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
-    args = parser.parse_args()
+    parser.add_argument("--no-record", action="store_true", help="record nothing (as --record '')")
+    record.add_argument(parser, "embed")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     texts = bench_texts(args.texts)
 
@@ -155,13 +125,14 @@ def main() -> None:
     rows = [summary("Triton gRPC, 1 text/request", c, triton[c]) for c in CONCURRENCY]
     rows += [summary(f"in-process sentence-transformers, batch {c}", c, local[c]) for c in CONCURRENCY]
 
-    text = table(rows)
-    ratio = rows[len(CONCURRENCY) - 1]["texts_per_s"] / rows[-1]["texts_per_s"]
-    print(text)
-    print(f"Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)")
-    if not args.no_record:
-        record(text, ratio)
+    ratio = rows[len(CONCURRENCY) - 1]["texts/s (median)"] / rows[-1]["texts/s (median)"]
+    notes = [f"Triton at concurrency 32 / in-process at batch 32: {ratio:.2f}x (target >= 0.9x)"]
+    print(markdown(rows))
+    print(notes[0])
+    if args.record and not args.no_record:
+        record.write(args.record, __file__, argv, args, machine("cpu"), rows, notes)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

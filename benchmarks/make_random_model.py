@@ -4,7 +4,7 @@ Weights are drawn on the GPU when there is one (an 8B model in seconds), saved a
 safetensors with an index, plus config.json, generation_config.json and a word-level tokenizer
 covering the whole vocabulary (so any sampled id detokenizes). Nothing is downloaded.
 
-    python scripts/make_random_model.py --shape llama3-8b --out /tmp/llama3-8b-random
+    python -m benchmarks.make_random_model --shape llama3-8b --out /tmp/llama3-8b-random
 """
 from __future__ import annotations
 

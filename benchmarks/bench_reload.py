@@ -4,7 +4,7 @@ unload the engine's memory must be given back, and each load must end where the 
 The server runs --model as bench_serving.py writes it; memory is the device's used memory
 (nvidia-smi), so it also sees the Python backend stub that holds the engine.
 
-    python scripts/bench_reload.py --model /tmp/llama3-8b --cycles 3
+    python -m benchmarks.bench_reload --model /tmp/llama3-8b --cycles 3
 """
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "clients"))
-
-from bench_serving import write_repository  # noqa: E402  (the same llm model as the serving benchmark)
+from benchmarks import record
+from benchmarks.bench_serving import write_repository  # the same llm model as the serving benchmark
+from benchmarks.provenance import machine
+from benchmarks.table import markdown, rounded
 
 
 def gpu_used_mib() -> int:
@@ -55,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--engine", default="{}", help="JSON of EngineConfig settings")
     parser.add_argument("--tolerance-mib", type=int, default=512, help="allowed growth over the first load")
+    record.add_argument(parser, "reload")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
     import tritonclient.grpc as grpcclient
@@ -67,25 +68,32 @@ def main(argv: list[str] | None = None) -> int:
                                 grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900)
         with TritonServer(options) as server:
             client = grpcclient.InferenceServerClient(server.grpc_url)
-            rows.append(("load 0", gpu_used_mib(), generate_once(client)))
+            rows.append(step("load 0", None, client))
             for cycle in range(1, args.cycles + 1):
                 client.unload_model("llm")
                 while client.is_model_ready("llm"):
                     time.sleep(0.2)
                 time.sleep(2)  # the stub process exits after the model reports unloaded
-                rows.append((f"unload {cycle}", gpu_used_mib(), ""))
+                rows.append(step(f"unload {cycle}", None))
                 start = time.perf_counter()
                 client.load_model("llm")
-                rows.append((f"load {cycle} ({time.perf_counter() - start:.1f} s)", gpu_used_mib(),
-                             generate_once(client)))
-    first = rows[0][1]
-    growth = max(used for name, used, _ in rows if name.startswith("load")) - first
-    print("| step | GPU memory used MiB | generated |\n|---|---|---|")
-    for name, used, text in rows:
-        print(f"| {name} | {used:,} | {text[:30]!r} |")
+                rows.append(step(f"load {cycle}", time.perf_counter() - start, client))
+    first = rows[0]["GPU memory used MiB"]
+    growth = max(r["GPU memory used MiB"] for r in rows if r["step"].startswith("load")) - first
     ok = growth <= args.tolerance_mib
-    print(f"growth over the first load: {growth} MiB ({'within' if ok else 'over'} {args.tolerance_mib} MiB)")
+    notes = [f"growth over the first load: {growth} MiB ({'within' if ok else 'over'} {args.tolerance_mib} MiB)"]
+    print(markdown(rows))
+    print(notes[0])
+    if args.record:
+        record.write(args.record, __file__, argv, args, machine(), rows, notes)
     return 0 if ok else 1
+
+
+def step(name: str, load_s: float | None, client=None) -> dict:
+    """A row: the device's memory after `name`, then (with a client) what the llm generates."""
+    used = gpu_used_mib()
+    return {"step": name, "load s": rounded(load_s, 1), "GPU memory used MiB": used,
+            "generated": generate_once(client)[:30] if client else ""}
 
 
 if __name__ == "__main__":
