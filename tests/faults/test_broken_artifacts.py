@@ -3,10 +3,10 @@ mode, with a reason that names the file; the other models keep serving. Each bro
 copy of a project config in a temporary repository of its own server (the project's repositories
 are never touched), next to the healthy `echo`.
 
-Found here (Triton 2.51): a config.pbtxt that does not parse gives the API only "failed to poll
-from model repository"; the parse error (line and column) is in the server log. And with strict
-readiness, which the launcher sets, a failed load leaves the server not-ready (/v2/health/ready)
-although every loaded model serves, until that model loads; an unload does not clear it.
+Found here (Triton 2.51): with strict readiness, which the launcher sets, a failed load leaves the
+server not-ready (/v2/health/ready) although every loaded model serves, until that model loads; an
+unload does not clear it. (A config.pbtxt that does not parse is Triton's to report, in its log: the
+launcher's start shows those lines, test_launcher.py.)
 """
 from __future__ import annotations
 
@@ -46,9 +46,6 @@ def build_broken_models(repo):
     # The engine process fails to start (its KV pool cannot be allocated): the load quotes its traceback.
     copy_config(repo, "llm", "engine_fails").joinpath("engine.json").write_text(json.dumps(
         {"model": str(PROJECT / "llm" / "1" / "tiny-qwen2"), "device": "cpu", "num_kv_blocks": 10**9}))
-    (repo / "bad_config" / "1").mkdir(parents=True)
-    (repo / "bad_config" / "config.pbtxt").write_text(
-        'name: "bad_config"\nbackend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] ]\n')
 
 
 BROKEN = [
@@ -60,7 +57,6 @@ BROKEN = [
     ("missing_checkpoint", [r"model folder '.*missing_checkpoint/1/tiny-qwen2' does not exist"]),
     ("engine_fails", [r"the engine process exited with code 1 while starting; its last output:",
                       r"Traceback", r"num_kv_blocks 1000000000 x block_size 16 exceeds \d+ cache slots"]),
-    ("bad_config", ["failed to load 'bad_config', failed to poll from model repository"]),
 ]
 
 
@@ -101,14 +97,6 @@ def test_a_broken_artifact_fails_its_load_with_the_reason(server, client, model,
     assert not client.is_model_ready(model)
     assert client.is_server_live()
     np.testing.assert_array_equal(echo(client), [[7.0]])  # the others keep serving
-
-
-def test_a_config_that_does_not_parse_is_explained_in_the_log(server, client):
-    with pytest.raises(InferenceServerException):
-        client.load_model("bad_config")
-    log = server.log_path.read_text(errors="replace")
-    assert re.search(r"Error parsing text-format inference\.ModelConfig: 3:\d+", log)
-    assert "failed to read text proto from" in log and "bad_config/config.pbtxt" in log
 
 
 def test_a_repaired_artifact_loads(repo, client):

@@ -28,9 +28,10 @@ import warnings
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from ragstack import load_gen, process_tree
+from ragstack.cli import main
+from ragstack.client import RagClient, RagstackError
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
 from server_helpers import FIXTURE_REPOSITORY, free_server_options, http_post
 
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.server
 LONG = 480  # tokens: the stream is still running when the stub is killed
 KNOWN_ABORT = "boost::interprocess::lock_exception"  # what Triton 2.51 logs when a dead stub held a lock
 ATTEMPTS = 4
+QUESTION = "How is the KV cache divided into blocks?"
 
 
 @pytest.fixture(scope="module")
@@ -191,18 +193,28 @@ def test_rag_generate_frees_its_slots_when_the_llm_dies(server):
     run_past_known_abort(server, scenario)
 
 
+def models(server, *argv: str) -> None:
+    """A `ragstack models` command (docs/operations.md's runbook) against the server."""
+    assert main(["models", *argv, "--url", server.http_url, "--protocol", "http"]) == 0, argv
+
+
 def test_killed_python_model_stub_errors_until_reloaded(server):
+    """A model of ours that is not decoupled (the retriever, one stub) and the runbook's commands."""
     def scenario(admin):  # the stub is idle when killed, so an abort is unlikely, not impossible
-        kill_stub(server, "echo_0_0")
-        for _ in range(2):  # no restart on the next request either
-            with pytest.raises(InferenceServerException, match="Stub process 'echo_0_0' is not healthy") as info:
-                echo(admin)
-            assert info.value.status() == "500"  # INTERNAL
-        admin.load_model("echo")  # files unchanged: nothing happens
-        with pytest.raises(InferenceServerException, match="not healthy"):
-            echo(admin)
-        reload(admin, "echo")
-        np.testing.assert_array_equal(echo(admin), [[1.0, 2.0]])
+        kill_stub(server, "retriever_0_0")
+        with RagClient(server.http_url, "http") as client:
+            for _ in range(2):  # no restart on the next request either
+                with pytest.raises(RagstackError, match="Stub process 'retriever_0_0' is not healthy") as info:
+                    client.retrieve(QUESTION)
+                assert info.value.code == "INTERNAL"
+            models(server, "load", "retriever")  # files unchanged: nothing happens
+            with pytest.raises(RagstackError, match="not healthy"):
+                client.retrieve(QUESTION)
+            models(server, "unload", "retriever")
+            models(server, "load", "retriever")
+            assert client.retrieve(QUESTION, top_k=1)[0].source == "paged_attention.md"
+            answer = client.query(QUESTION, max_tokens=2).collect()  # `rag`, which has a retriever step, too
+            assert answer.finish_reason == "length" and answer.sources[0].source == "paged_attention.md"
 
     run_past_known_abort(server, scenario)
 

@@ -50,6 +50,16 @@ def test_embed_equals_sentence_transformers(client, sentence_transformer):
     assert truncated.tolist() == [False] * 10 + [True, False]
 
 
+def test_embed_truncates_where_sentence_transformers_does(client, sentence_transformer):
+    """At the model's max_seq_length (256 tokens for all-MiniLM-L6-v2): a text that fills it is whole, one
+    token more is truncated."""
+    limit = sentence_transformer.max_seq_length
+    fits = " ".join(["word"] * (limit - 2))  # [CLS] words [SEP]
+    assert len(sentence_transformer.tokenizer(fits)["input_ids"]) == limit
+    _, truncated = embed(client, [fits, fits + " word"])
+    assert truncated.tolist() == [False, True]
+
+
 def embedder_executions(client) -> int:
     return settled(lambda: client.get_inference_statistics("embedder").model_stats[0].execution_count)
 

@@ -39,11 +39,12 @@ def embed_with(client, version: str, inputs) -> np.ndarray:
 def test_two_versions_side_by_side_then_one_unloads(triton_server):
     client = httpclient.InferenceServerClient(triton_server.http_url, concurrency=2)
     original = client.get_model_config("embedder")
-    assert original["version_policy"] == {"specific": {"versions": [1]}}
+    inputs = token_inputs(client)
+    with pytest.raises(InferenceServerException, match="version"):  # as the repository serves it: version 1 only
+        embed_with(client, "2", inputs)
     try:
         client.load_model("embedder", config=with_versions(original, [1, 2]))
         assert client.is_model_ready("embedder", "1") and client.is_model_ready("embedder", "2")
-        inputs = token_inputs(client)
         fp32, int8 = embed_with(client, "1", inputs), embed_with(client, "2", inputs)
         cosine = (fp32 * int8).sum(1)
         assert 0.95 <= cosine.min() and not np.array_equal(fp32, int8)  # same model, other precision

@@ -65,6 +65,21 @@ def test_limits_of_the_non_generating_models(triton_server):
     client.close()
 
 
+def test_each_tokenizer_step_passes_its_models_full_batch_and_no_more(triton_server):
+    """`embed` and `rerank` serve as many texts as their ONNX model takes in one batch (its max_batch_size):
+    one more is refused by the tokenizer step with its own message, before the model would refuse it."""
+    url = triton_server.http_url
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    for ensemble, model, name in (("embed", "embedder", "text"), ("rerank", "reranker", "passages")):
+        batch = config(url, model)["max_batch_size"]
+        query = {"query": texts_array([b"q"])} if ensemble == "rerank" else {}
+        assert send(client, ensemble, {**query, name: texts_array([b"t"] * batch)}) is None, ensemble
+        error = send(client, ensemble, {**query, name: texts_array([b"t"] * (batch + 1))})
+        assert error is not None and is_invalid_arg(error), (ensemble, error)
+        assert f"{name}: {batch + 1} texts in the request; send 1 to {batch}" in error.message(), error.message()
+    client.close()
+
+
 def test_limits_of_the_llm(triton_server):
     url = triton_server.http_url
     engine = {k: v["string_value"] for k, v in config(url, "llm")["parameters"].items()}

@@ -1,67 +1,57 @@
-"""The real server answers health, repository, load/unload and metrics requests (gRPC and HTTP)."""
+"""The project's models on the launcher's server, as an operator and a dashboard see them: a model
+unloaded through the repository API answers NOT_FOUND until it is loaded again (docs/operations.md's
+error table), and one `rag` query is counted once by each step of the pipeline in Triton's per-model
+metrics. (Health, readiness and the repository index are Triton's own: the session fixture's start,
+which waits for every model, covers ours; the model list through RagClient and the CLI is checked in
+test_admin_key.py and test_client_cli.py.)"""
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
+
+from model_states import wait_until_settled
+from ragstack.client import RagClient, RagstackError
 from server_helpers import settled
-from server_metrics import metric_value, wait_for_metric
+from server_metrics import metric_value
+
+QUESTION = "How is the KV cache divided into blocks?"
+# The steps one `rag` query runs, each once: the ensembles, their steps, and the llm called by
+# rag_generate (BLS). With the default reranker (the embedder's cosine) rag_rerank keeps the
+# retriever's scores: the `rerank` ensemble and its models are not called.
+CALLED = ["rag", "embed", "embed_tokenizer", "embedder", "retriever", "rag_rerank", "prompt_builder",
+          "rag_generate", "llm"]
+NOT_CALLED = ["rerank", "rerank_tokenizer", "reranker"]
 
 
 @pytest.fixture(params=["grpc", "http"])
 def client(request, triton_server):
-    if request.param == "grpc":
-        c = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    else:
-        c = httpclient.InferenceServerClient(triton_server.http_url)
-    yield c
-    c.close()
+    url = triton_server.grpc_url if request.param == "grpc" else triton_server.http_url
+    with RagClient(url, request.param) as c:
+        yield c
 
 
-def _echo(client, values):
-    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
-    data = np.asarray([values], dtype=np.float32)
-    inp = module.InferInput("INPUT", list(data.shape), "FP32")
-    inp.set_data_from_numpy(data)
-    return client.infer("echo", [inp]).as_numpy("OUTPUT")
+def test_an_unloaded_model_is_not_found_until_it_is_loaded_again(client):
+    client.unload("embed")
+    try:
+        with pytest.raises(RagstackError, match="'embed'") as info:
+            client.embed(["paged attention"])
+        assert info.value.code == "NOT_FOUND"
+    finally:
+        client.load("embed")
+        wait_until_settled(client, "embed")
+        wait_until_settled(client, "rag")  # an ensemble that has `embed` as a step is loaded with it again
+    assert client.embed(["paged attention"]).vectors.shape == (1, 384)
+    assert client.query(QUESTION, max_tokens=2).collect().finish_reason == "length"
 
 
-def test_live_and_ready(client):
-    assert client.is_server_live()
-    assert client.is_server_ready()
-
-
-def test_repository_index_lists_models(client):
-    index = client.get_model_repository_index()
-    if isinstance(index, dict):  # the HTTP client returns a list, gRPC a message
-        index = index["models"]
-    names = {m["name"] if isinstance(m, dict) else m.name for m in
-             (index if isinstance(index, list) else index.models)}
-    assert "echo" in names
-
-
-def test_unload_load_reload(client):
-    assert client.is_model_ready("echo")
-    client.unload_model("echo")
-    assert not client.is_model_ready("echo")
-    with pytest.raises(Exception, match="echo"):
-        _echo(client, [1.0])
-    client.load_model("echo")
-    assert client.is_model_ready("echo")
-    client.load_model("echo")  # a loaded model whose files did not change: a no-op, it stays ready
-    assert client.is_model_ready("echo")
-    np.testing.assert_array_equal(_echo(client, [1.0, 2.0]), [[1.0, 2.0]])
-
-
-def test_per_model_metrics_after_request(client, triton_server):
+def test_one_rag_query_is_counted_once_by_each_step(client, triton_server):
     # The server counts a request after sending its response: a count may trail its reply, the previous
     # test's last request's too.
-    def successes() -> float:
-        return metric_value(triton_server.metrics_url, "nv_inference_request_success", "echo")
+    def successes() -> dict[str, float]:
+        return {model: metric_value(triton_server.metrics_url, "nv_inference_request_success", model)
+                for model in CALLED + NOT_CALLED}
 
     before = settled(successes)
-    _echo(client, [3.0])
-    wait_for_metric(triton_server.metrics_url, "nv_inference_request_success", "echo",
-                    lambda v: v >= before + 1, timeout_s=10)
-    assert settled(successes) == before + 1
+    client.query(QUESTION, max_tokens=2).collect()
+    after = settled(successes)
+    assert {model: after[model] - before[model] for model in CALLED + NOT_CALLED} == \
+        {**{model: 1 for model in CALLED}, **{model: 0 for model in NOT_CALLED}}

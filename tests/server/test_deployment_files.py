@@ -1,0 +1,65 @@
+"""The deployment files against the real server (docker compose itself cannot run here; the parsed
+checks are in tests/unit/test_docker_compose.py): every metric the Grafana dashboard queries is
+served by the metrics endpoint, and docker-compose's healthcheck passes on a ready server."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragstack.launcher import ROOT
+
+pytestmark = pytest.mark.server
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "triton.json"
+# A metric name in a PromQL expression: Triton's families, ours and vllm_backend's.
+METRIC = re.compile(r"\b(?:nv_|triton_llm_|vllm:)[a-z_:]+")
+
+
+def dashboard_metrics() -> set[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    names = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            found = METRIC.findall(target["expr"])
+            assert found, f"no metric name read in {target['expr']!r}"
+            names.update(found)
+    return names
+
+
+def served_families(metrics_url: str) -> dict[str, str]:
+    """Metric name -> one of its sample lines."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return {line.split("{")[0].split(" ")[0]: line for line in reversed(text.splitlines())
+            if line and not line.startswith("#")}
+
+
+def test_every_metric_the_dashboard_queries_is_served(triton_server):
+    queried = dashboard_metrics()
+    # nv_gpu_* exist only where the server sees a GPU; the tests run the CPU build of the server.
+    gpu = Path("/proc/driver/nvidia/version").exists()
+    wanted = {name for name in queried if gpu or not name.startswith("nv_gpu_")}
+    served = served_families(triton_server.metrics_url)
+    assert sorted(wanted - set(served)) == []
+    # The panels sum by model: the per-model families carry the label.
+    for name in wanted:
+        if name.startswith("nv_inference_"):
+            assert 'model="' in served[name], served[name]
+
+
+def test_the_compose_healthcheck_passes_on_a_ready_server(triton_server):
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    kind, *command = compose["services"]["triton"]["healthcheck"]["test"]
+    assert kind == "CMD"
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"{command[0]} is not installed here")
+    # Inside the container the server's HTTP port is Triton's default, the one compose publishes.
+    here = [arg.replace("localhost:8000", triton_server.http_url) for arg in command]
+    assert here != command, command
+    result = subprocess.run(here, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0, (here, result.stderr)
