@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
 from pathlib import Path
@@ -12,11 +13,15 @@ from typing import Any
 from llm_engine.config import EngineConfig
 
 # Parameters of the backend itself, not of the engine.
-BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", "max_prompt_bytes", "engine_process"}
+BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", "max_prompt_bytes", "engine_process",
+                "engine_stall_timeout_s", "engine_max_restarts"}
 # max_prompt_bytes: text_input / messages larger than this are refused before tokenization.
 # engine_process: the engine runs in a child process of the stub (true) or in a thread of the stub (false).
+# engine_stall_timeout_s: an engine whose loop reports nothing for this long is hung: killed and restarted
+# (a step, even a long prefill, reports within seconds; warm-up happens before the model is ready).
+# engine_max_restarts: restarts allowed within 10 minutes; beyond, the model needs an unload and a load.
 BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0, "max_prompt_bytes": 1 << 20,
-                    "engine_process": True}
+                    "engine_process": True, "engine_stall_timeout_s": 30.0, "engine_max_restarts": 3}
 
 
 def _convert(name: str, raw: Any, annotation: Any) -> Any:
@@ -61,11 +66,25 @@ def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, 
     # A relative model path is a folder inside the version directory (default: "model").
     model = Path(os.path.expanduser(str(kwargs.get("model") or "model")))
     kwargs["model"] = str(model if model.is_absolute() else version_dir / model)
-    backend["shutdown_timeout_s"] = float(backend["shutdown_timeout_s"])
-    backend["metrics_interval_s"] = float(backend["metrics_interval_s"])
-    backend["max_prompt_bytes"] = int(backend["max_prompt_bytes"])
+    for key in ("shutdown_timeout_s", "metrics_interval_s", "engine_stall_timeout_s"):
+        backend[key] = _checked(key, float, backend[key], 0)
+    backend["max_prompt_bytes"] = _checked("max_prompt_bytes", int, backend["max_prompt_bytes"], 1)
+    backend["engine_max_restarts"] = _checked("engine_max_restarts", int, backend["engine_max_restarts"], 0)
     engine_process = _convert("engine_process", backend["engine_process"], bool)  # empty: the default
     if engine_process is not None and not isinstance(engine_process, bool):
         raise ValueError(f"parameter 'engine_process' = {engine_process!r} is not a valid bool")
     backend["engine_process"] = BACKEND_DEFAULTS["engine_process"] if engine_process is None else engine_process
     return EngineConfig(**kwargs), backend
+
+
+
+def _checked(name: str, kind: type, raw: Any, minimum: float) -> float | int:
+    """`raw` as `kind`: a float above `minimum` and finite, an int at least `minimum`."""
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"parameter '{name}' = {raw!r} is not a valid {kind.__name__}") from None
+    valid = (minimum < value < math.inf) if kind is float else value >= minimum
+    if not valid:
+        raise ValueError(f"parameter '{name}' must be {'>' if kind is float else '>='} {minimum}, got {raw!r}")
+    return value

@@ -73,6 +73,8 @@ class LLMMetrics:
         self.kv_total.set(stats.kv_blocks_total)
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
+        if stats.num_preemptions < self._preemptions_seen:  # a restarted engine counts from 0
+            self._preemptions_seen = 0
         if stats.num_preemptions > self._preemptions_seen:
             self.preemptions.increment(stats.num_preemptions - self._preemptions_seen)
             self._preemptions_seen = stats.num_preemptions

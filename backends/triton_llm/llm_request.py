@@ -26,10 +26,17 @@ INPUTS = [
 OUTPUTS = [
     {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
     {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    # JSON {"code", "message"}: an error sent as data, only to a caller that asks (ERRORS_IN_BAND).
+    {"name": "error", "data_type": "TYPE_STRING", "dims": [-1]},
     {"name": "num_input_tokens", "data_type": "TYPE_INT32", "dims": [1]},
     {"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [1]},
 ]
 MAX_JSON_BYTES = 64 << 10
+# Request parameters between our own models (rag_generate calls the llm by BLS), never sampling keys.
+# Triton 2.51's BLS cannot cancel a request it sent, and loses a decoupled callee's error response
+# after its first response: the caller names its request (CANCEL_KEY) to abort it later with a
+# request of its own (ABORT_KEY, no inputs), and asks for errors as data (ERRORS_IN_BAND).
+CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND = "ragstack_cancel_key", "ragstack_abort", "ragstack_errors_in_band"
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -46,6 +53,8 @@ class LLMRequest:
     exclude_input_in_output: bool
     return_num_input_tokens: bool
     return_num_output_tokens: bool
+    cancel_key: str | None = None          # CANCEL_KEY: an ABORT_KEY request with it aborts this one
+    errors_in_band: bool = False           # ERRORS_IN_BAND: errors go out as the `error` output
 
 
 def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
@@ -115,15 +124,17 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     if prompt is not None and not prompt:
         raise InvalidRequest("input 'text_input' is empty")
 
+    parameters = _json(request_parameters or "{}", "parameters")
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"'parameters' must be a JSON object, got {type(parameters).__name__}")
+    cancel_key, errors_in_band = parameters.pop(CANCEL_KEY, None), parameters.pop(ERRORS_IN_BAND, False)
     raw_params = _scalar(get, "sampling_parameters", bytes)
     if raw_params is not None:
         sampling = _json(_utf8(raw_params, "sampling_parameters", MAX_JSON_BYTES), "sampling_parameters")
-        source = "sampling_parameters"
+        if not isinstance(sampling, dict):
+            raise InvalidRequest(f"'sampling_parameters' must be a JSON object, got {type(sampling).__name__}")
     else:
-        sampling = _json(request_parameters or "{}", "parameters")
-        source = "parameters"
-    if not isinstance(sampling, dict):
-        raise InvalidRequest(f"'{source}' must be a JSON object, got {type(sampling).__name__}")
+        sampling = parameters
 
     max_tokens = _scalar(get, "max_tokens", int)
     if max_tokens is not None:
@@ -135,4 +146,18 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
         # As vllm_backend: a streamed answer never repeats the prompt; a single answer does unless told.
         exclude_input_in_output=True if stream else bool(exclude),
         return_num_input_tokens=bool(_scalar(get, "return_num_input_tokens", bool)),
-        return_num_output_tokens=bool(_scalar(get, "return_num_output_tokens", bool)))
+        return_num_output_tokens=bool(_scalar(get, "return_num_output_tokens", bool)),
+        cancel_key=str(cancel_key) if cancel_key is not None else None, errors_in_band=errors_in_band is True)
+
+
+def abort_key(request_parameters: str) -> str | None:
+    """The CANCEL_KEY a control request (ABORT_KEY, no inputs) asks to abort, or None for a request
+    to generate."""
+    if ABORT_KEY not in (request_parameters or ""):
+        return None
+    try:
+        parameters = strict_json.loads(request_parameters)
+    except strict_json.Refused:
+        return None
+    key = parameters.get(ABORT_KEY) if isinstance(parameters, dict) else None
+    return str(key) if key is not None else None

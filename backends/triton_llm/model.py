@@ -4,6 +4,12 @@ execute() only validates and hands each request to an asyncio loop thread; the e
 loop runs the continuous batch in a child process (engine_process, the default) or in a thread of
 this stub, so execute() never waits for a generation. Each request ends with exactly one response
 flagged FINAL: its last text, an error, or CANCELLED.
+
+Lifecycle: Triton finalizes an instance only once every request it holds has ended, and gives no
+word of an unload before; a lifecycle thread watches the model's readiness instead, and when it
+turns false (an unload, a server shutdown) lets the open requests run for shutdown_timeout_s,
+ends the rest with UNAVAILABLE and stops the engine, so the unload is bounded and the engine's
+memory returned. The watchdog (engine_supervisor.py) restarts an engine that dies or hangs.
 """
 from __future__ import annotations
 
@@ -20,10 +26,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from engine_settings import load_settings
-from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, parse_request
+from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_INTERVAL_S = 0.02
+READINESS_CHECK_INTERVAL_S = 0.5
+TASKS_DRAIN_S = 10.0  # for the responses of requests the shutdown ended
 
 
 class TritonPythonModel:
@@ -46,57 +54,78 @@ class TritonPythonModel:
         self.model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
             raise pb_utils.TritonModelException("triton_llm needs model_transaction_policy { decoupled: true }")
-        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.name, self.version = args["model_name"], args["model_version"]
+        version_dir = Path(args["model_repository"]) / self.version
         config, self.backend_settings = load_settings(self.model_config, version_dir)
-        if self.backend_settings.get("triton_cache_dir"):
+        settings = self.backend_settings
+        if settings.get("triton_cache_dir"):
             # Compiled kernels persist across loads (a volume under docker-compose).
-            os.environ["TRITON_CACHE_DIR"] = str(self.backend_settings["triton_cache_dir"])
+            os.environ["TRITON_CACHE_DIR"] = str(settings["triton_cache_dir"])
         if args.get("model_instance_kind") == "GPU" and config.device in ("auto", "cuda"):
             config.device = f"cuda:{args['model_instance_device_id']}"
 
-        from llm_engine.errors import EngineClosedError, EngineOverloadedError
+        from engine_supervisor import EngineSupervisor
+        from llm_engine.errors import EngineClosedError, EngineDeadError, EngineOverloadedError
 
         self._unavailable_errors = (EngineOverloadedError, EngineClosedError)  # EngineDeadError included
-        if self.backend_settings["engine_process"]:
+        self._dead_error = EngineDeadError
+        if settings["engine_process"]:
             from llm_engine.engine.process_client import EngineProcessClient
             # A child process owns the engine and its step loop, away from this process's GIL (each
-            # response sent holds it for an IPC round trip); it warms up before this returns.
-            self.engine = EngineProcessClient(config)
-            where = f"in process {self.engine.pid}"
+            # response sent holds it for an IPC round trip); it warms up before it says it is ready.
+            start = lambda: EngineProcessClient(config)  # noqa: E731
+            where = "in a process of its own"
         else:
             from llm_engine.engine.async_engine import AsyncLLMEngine
             from llm_engine.engine.llm_engine import start_engine
-            self.engine = AsyncLLMEngine(start_engine(config))  # warmed up before the model reports ready
+            start = lambda: AsyncLLMEngine(start_engine(config))  # noqa: E731
             where = "in the stub"
-        self.tokenizer = self.engine.tokenizer
+        self.supervisor = EngineSupervisor(start, restartable=settings["engine_process"],
+                                           stall_timeout_s=settings["engine_stall_timeout_s"],
+                                           max_restarts=settings["engine_max_restarts"], log=pb_utils.Logger.log_warn)
+        self.tokenizer = self.supervisor.tokenizer
         self.metrics = None
         try:
             from llm_metrics import LLMMetrics
-            self.metrics = LLMMetrics({"model": args["model_name"], "version": args["model_version"]},
-                                      self.engine.get_stats, self.backend_settings["metrics_interval_s"])
+            # The stub's pid keeps two live instances of one model (a reload, several instances) from
+            # sharing a series: Triton 2.51 frees a series when either instance deletes it.
+            labels = {"model": self.name, "version": self.version, "stub_pid": str(os.getpid())}
+            self.metrics = LLMMetrics(labels, self.supervisor.get_stats, settings["metrics_interval_s"])
         except pb_utils.TritonModelException as exc:  # the server runs with metrics off
             pb_utils.Logger.log_info(f"triton_llm: metrics disabled ({exc})")
         self._tasks: set[asyncio.Future] = set()
         self._tasks_lock = threading.Lock()
+        self._by_cancel_key: dict[str, tuple] = {}  # CANCEL_KEY -> (engine, request id, cancelled event); loop thread only
+        self._finalizing = False
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="triton_llm-responses",
                                              daemon=True)
         self._loop_thread.start()
+        self._unloading = threading.Event()
+        self._lifecycle = threading.Thread(target=self._watch_readiness, name="triton_llm-lifecycle", daemon=True)
+        self._lifecycle.start()
         pb_utils.Logger.log_info(f"triton_llm: {config.model} ready on {config.device} ({where}), "
-                                 f"{self.engine.get_stats().kv_blocks_total} KV blocks")
+                                 f"{self.supervisor.get_stats().kv_blocks_total} KV blocks")
 
     def execute(self, requests):
+        # Every response goes out from the loop's thread: sends from two threads at once (execute's
+        # and the loop's) aborted Triton 2.51 with boost::interprocess::lock_exception.
         for request in requests:
             sender = request.get_response_sender()
+            key = abort_key(request.parameters())
+            if key is not None:  # a caller of ours aborts a request it sent (Triton 2.51's BLS cannot)
+                self.loop.call_soon_threadsafe(self._abort_by_key, key, sender)
+                continue
             try:
                 parsed = parse_request(lambda name: _input(request, name), request.parameters(),
                                        self.backend_settings["max_prompt_bytes"])
             except InvalidRequest as exc:
-                sender.send(_error(str(exc), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+                self.loop.call_soon_threadsafe(self._send, sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG),
+                                               FINAL)
                 continue
             except Exception as exc:  # noqa: BLE001 - a parser bug must still end the request with a FINAL
-                sender.send(_error(f"triton_llm: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL),
-                            flags=FINAL)
+                error = _error(f"triton_llm: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+                self.loop.call_soon_threadsafe(self._send, sender, error, FINAL)
                 continue
             future = asyncio.run_coroutine_threadsafe(self._generate(parsed, sender), self.loop)
             with self._tasks_lock:
@@ -111,21 +140,24 @@ class TritonPythonModel:
     async def _generate(self, req: LLMRequest, sender) -> None:
         request_id = uuid.uuid4().hex
         try:
+            engine = self.supervisor.engine()
             prompt = (self.tokenizer.apply_chat_template(req.messages) if req.messages is not None
                       else req.prompt)
-            stream = self.engine.add_request(request_id, prompt, req.sampling)
+            stream = engine.add_request(request_id, prompt, req.sampling)
         except self._unavailable_errors as exc:
-            sender.send(_error(str(exc), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+            self._fail(sender, req, self._explain(exc), pb_utils.TritonError.UNAVAILABLE)
             return
         except ValueError as exc:
-            sender.send(_error(str(exc), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+            self._fail(sender, req, str(exc), pb_utils.TritonError.INVALID_ARG)
             return
         except Exception as exc:  # noqa: BLE001 - anything else still owes the client a FINAL
-            sender.send(_error(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+            self._fail(sender, req, f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
             return
 
         cancelled = asyncio.Event()
-        watcher = asyncio.ensure_future(self._watch_cancellation(sender, request_id, cancelled))
+        if req.cancel_key is not None:
+            self._by_cancel_key[req.cancel_key] = (engine, request_id, cancelled)
+        watcher = asyncio.ensure_future(self._watch_cancellation(sender, engine, request_id, cancelled))
         out = None
         sent_tokens = 0
         first_token_seen = False
@@ -142,46 +174,81 @@ class TritonPythonModel:
                     next_cancel_check = now + CANCEL_CHECK_INTERVAL_S
                     if sender.is_cancelled():
                         cancelled.set()
-                        self.engine.abort(request_id)  # freed before the engine's next step
+                        engine.abort(request_id)  # freed before the engine's next step
                 if out.finished or cancelled.is_set():
                     break
                 if req.stream and out.delta_text:
-                    sender.send(self._response(req, out, out.delta_text, len(out.token_ids) - sent_tokens))
+                    self._send(sender, self._response(req, out, out.delta_text, len(out.token_ids) - sent_tokens))
                     sent_tokens = len(out.token_ids)
-        except self._unavailable_errors as exc:  # the engine process died, or the queue filled up after all
-            sender.send(_error(str(exc), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+        except self._unavailable_errors as exc:  # the engine died or hung, or the queue filled up after all
+            self._fail(sender, req, self._explain(exc), pb_utils.TritonError.UNAVAILABLE)
             return
         except ValueError as exc:  # refused by the engine (e.g. more KV blocks than the pool holds)
-            sender.send(_error(str(exc), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+            self._fail(sender, req, str(exc), pb_utils.TritonError.INVALID_ARG)
             return
         except Exception as exc:  # noqa: BLE001 - RequestFailedError or an engine failure
-            sender.send(_error(str(exc), pb_utils.TritonError.INTERNAL), flags=FINAL)
+            self._fail(sender, req, str(exc), pb_utils.TritonError.INTERNAL)
             return
         finally:
             watcher.cancel()
+            self._by_cancel_key.pop(req.cancel_key, None)
         if cancelled.is_set():
-            sender.send(_error("request cancelled by the client", pb_utils.TritonError.CANCELLED), flags=FINAL)
+            self._fail(sender, req, "request cancelled by the client", pb_utils.TritonError.CANCELLED)
             return
         if self.metrics and out is not None:
             self.metrics.observe_finished(out.stats)
         if out is None or out.finish_reason == "abort":
-            sender.send(_error("the model is being unloaded; request aborted", pb_utils.TritonError.UNAVAILABLE),
-                        flags=FINAL)
+            self._fail(sender, req, "the model is being unloaded; request aborted", pb_utils.TritonError.UNAVAILABLE)
             return
         if req.stream:
             text, n_tokens = out.delta_text, len(out.token_ids) - sent_tokens
         else:
             prefix = "" if req.exclude_input_in_output else (out.prompt or "")
             text, n_tokens = prefix + out.text, len(out.token_ids)
-        sender.send(self._response(req, out, text, n_tokens, final=True), flags=FINAL)
+        self._send(sender, self._response(req, out, text, n_tokens, final=True), FINAL)
 
-    async def _watch_cancellation(self, sender, request_id: str, cancelled: asyncio.Event) -> None:
+    async def _watch_cancellation(self, sender, engine, request_id: str, cancelled: asyncio.Event) -> None:
         """A request still waiting for the batch produces no outputs to check at; poll it."""
         while not cancelled.is_set():
             await asyncio.sleep(0.2)
             if sender.is_cancelled():
                 cancelled.set()
-                self.engine.abort(request_id)
+                engine.abort(request_id)
+
+    def _abort_by_key(self, key: str, sender) -> None:
+        entry = self._by_cancel_key.get(key)
+        if entry is not None:
+            engine, request_id, cancelled = entry
+            cancelled.set()
+            engine.abort(request_id)
+        self._send(sender, None, FINAL)
+
+    def _fail(self, sender, req: LLMRequest, message: str, code) -> None:
+        """End the request with an error: an error response, or for a caller that asks (our BLS
+        callers, whom Triton 2.51 would not pass a late error response) a FINAL response whose
+        `error` output holds it."""
+        if not req.errors_in_band:
+            self._send(sender, _error(message, code), FINAL)
+            return
+        error = json.dumps({"code": _code_name(code), "message": message}).encode()
+        self._send(sender, pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("error", np.array([error], dtype=np.object_)),
+            pb_utils.Tensor("finish_reason", np.array([b"error"], dtype=np.object_))]), FINAL)
+
+    def _explain(self, exc: Exception) -> str:
+        """An UNAVAILABLE error's message; an engine's death says what happens next."""
+        if isinstance(exc, self._dead_error) and not self._unloading.is_set():
+            return f"{exc}; {self.supervisor.recovery()}"
+        return str(exc)
+
+    def _send(self, sender, response, flags: int = 0) -> None:
+        """Once the instance finalizes, its senders are Triton's no longer: nothing is sent."""
+        if self._finalizing:
+            return
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
 
     def _response(self, req: LLMRequest, out, text: str, n_tokens: int, final: bool = False):
         tensors = [
@@ -197,23 +264,51 @@ class TritonPythonModel:
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n_tokens], dtype=np.int32)))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def finalize(self):
-        """Let in-flight requests finish (up to shutdown_timeout_s), abort the rest with a final
-        response each, then release the engine (its tensor-parallel workers stop) and its GPU memory."""
-        timeout = self.backend_settings["shutdown_timeout_s"]
-        pb_utils.Logger.log_info(f"triton_llm: finalize, waiting up to {timeout:.0f} s for in-flight requests")
-        self.engine.shutdown(timeout=timeout)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # the aborted requests' final responses go out
+    def _watch_readiness(self) -> None:
+        """Once the model was seen ready, its readiness turning false means an unload has begun."""
+        seen_ready = False
+        while not self._unloading.wait(READINESS_CHECK_INTERVAL_S):
+            try:
+                ready = pb_utils.is_model_ready(model_name=self.name, model_version=self.version)
+            except Exception:  # noqa: BLE001 - the server going away: finalize comes next
+                return
+            if ready:
+                seen_ready = True
+            elif seen_ready:
+                timeout = self.backend_settings["shutdown_timeout_s"]
+                pb_utils.Logger.log_info(f"triton_llm: {self.name} is unloading; open requests get up to "
+                                         f"{timeout:.0f} s, then end with UNAVAILABLE")
+                self._unloading.set()
+                self._shut_down()
+                return
+
+    def _shut_down(self) -> None:
+        """Requests run for up to shutdown_timeout_s, the rest are aborted (each gets its FINAL
+        UNAVAILABLE), the engine stops and its process exits; then the responses go out."""
+        self.supervisor.shutdown(timeout=self.backend_settings["shutdown_timeout_s"])
+        deadline = time.monotonic() + TASKS_DRAIN_S
+        while time.monotonic() < deadline:
             with self._tasks_lock:
                 if not self._tasks:
-                    break
+                    return
             time.sleep(0.05)
+
+    def finalize(self):
+        """Every request has ended by now (Triton finalizes an instance after its last one): stop
+        the engine if the unload's watcher has not, then the threads, and release the memory."""
+        pb_utils.Logger.log_info("triton_llm: finalize")
+        if not self._unloading.is_set():
+            self._unloading.set()
+            self._lifecycle.join()
+            self._shut_down()
+        else:
+            self._lifecycle.join()
+        self._finalizing = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=10)
         if self.metrics:
             self.metrics.close()
-        self.engine = self.tokenizer = self.metrics = None
+        self.supervisor = self.tokenizer = self.metrics = None
         gc.collect()
         try:
             import torch
@@ -228,6 +323,11 @@ def _input(request, name: str):
     return None if tensor is None else tensor.as_numpy()
 
 
+def _code_name(code) -> str:
+    """TritonError's name for a code (pb_utils.TritonError exists only once the stub runs the model)."""
+    names = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
+    return next((name for name in names if getattr(pb_utils.TritonError, name) == code), "INTERNAL")
+
+
 def _error(message: str, code) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
-

@@ -30,6 +30,10 @@ class AsyncLLMEngine(EngineClient):
     def _send_abort(self, request_id: str) -> None:
         self._loop.abort(request_id)
 
+    def kill(self, reason: str) -> None:
+        """A thread cannot be killed: the loop is left where it is stuck, its requests fail."""
+        self._fail(f"the engine loop in this process is stuck: {reason}")
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting requests, let in-flight ones finish for up to `timeout` seconds (None:
         no limit), abort the rest, stop the loop thread and close the engine."""

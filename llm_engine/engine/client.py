@@ -11,7 +11,9 @@ get_stats() returns without a round trip.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import AsyncIterator
 
@@ -36,6 +38,7 @@ class EngineClient(ABC):
         self._failure: str | None = None  # why the engine is gone: every later request is refused with it
         self._adds_sent = 0
         self._adds_taken = 0
+        self._last_report = time.monotonic()
 
     @property
     def tokenizer(self):
@@ -78,12 +81,29 @@ class EngineClient(ABC):
         with self._lock:
             return self._stats
 
+    def seconds_since_report(self) -> float:
+        """Since the engine's loop last reported: it reports after every step and every
+        engine_loop.HEARTBEAT_S when idle, so a value far above both means it is stuck."""
+        with self._lock:
+            return time.monotonic() - self._last_report
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine is gone (every request is refused with it), or None while it serves."""
+        with self._lock:
+            return self._failure
+
     @abstractmethod
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting requests, let in-flight ones finish for up to `timeout` seconds (None: no
         limit), abort the rest, and stop the engine."""
 
     # --- for the subclasses -------------------------------------------------------------------
+
+    @abstractmethod
+    def kill(self, reason: str) -> None:
+        """End a stuck engine at once: its open requests fail with EngineDeadError giving `reason`, as
+        do later ones."""
 
     @abstractmethod
     def _submit(self, request: EngineRequest) -> None:
@@ -98,7 +118,16 @@ class EngineClient(ABC):
         with self._lock:
             self._stats = report.stats
             self._adds_taken = report.num_adds_taken
+            self._last_report = time.monotonic()
         self._streams.deliver(report.deltas, report.errors)
+
+    def _fail(self, failure: str) -> None:
+        """The engine is gone: every open stream ends with EngineDeadError(failure), later requests too."""
+        with self._lock:
+            self._failure = failure
+            self._stats = dataclasses.replace(self._stats, kv_blocks_used=0, kv_blocks_free=self._stats.kv_blocks_total,
+                                              num_running=0, num_waiting=0)
+        self._streams.fail_all(lambda: EngineDeadError(failure))
 
     def _begin_shutdown(self) -> bool:
         """Refuse new requests from now on; True for the first call."""

@@ -4,8 +4,9 @@ caller's process, the engine process (engine_process.py) in its main thread.
 Only the loop touches the LLMEngine's state. Other threads hand it requests and aborts through an
 inbox that it drains before every step; the lock guarding the inbox is never held during a step,
 so adding a request never waits for the model. After each pass (the inbox applied, one step run)
-the loop hands everything that pass produced to one `deliver(StepReport)` call. A shutdown lets the
-requests run until a deadline, then aborts the rest.
+the loop hands everything that pass produced to one `deliver(StepReport)` call; an idle loop reports
+every HEARTBEAT_S, so a client that hears nothing for longer knows the loop is stuck (a hung step, a
+stopped process). A shutdown lets the requests run until a deadline, then aborts the rest.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from llm_engine.engine.llm_engine import LLMEngine
 from llm_engine.outputs import EngineStats, RequestDelta
 
 logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0  # an idle loop's report interval
 
 
 @dataclass
@@ -74,8 +77,8 @@ class EngineLoop:
         engine = self.engine
         while True:
             with self._lock:
-                while not (self._inbox or self._closing or engine.has_unfinished_requests()):
-                    self._wakeup.wait()
+                if not (self._inbox or self._closing or engine.has_unfinished_requests()):
+                    self._wakeup.wait(HEARTBEAT_S)
                 inbox, self._inbox = self._inbox, []
                 closing, deadline = self._closing, self._deadline
             deltas: list[RequestDelta] = []

@@ -11,7 +11,6 @@ process exits when this process dies (child_process.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import threading
@@ -30,16 +29,19 @@ from llm_engine.model.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 EXIT_WAIT_S = 2.0      # for a process whose connection closed to finish exiting
+START_TIMEOUT_S = 900.0  # loading, KV sizing, kernel compilation and graph capture of a large model
 CLOSE_GRACE_S = 30.0   # beyond the shutdown timeout: the engine closes (stops its workers) and exits
 MAX_BATCH = 64         # messages read at once before their outputs are handed over
 QUOTED_LINES = 5       # of a dead engine's output, in the error every request gets
 
 
 class EngineProcessClient(EngineClient):
-    def __init__(self, config: EngineConfig) -> None:
-        """Start the engine process and wait until it has warmed up (EngineStartError if it fails)."""
+    def __init__(self, config: EngineConfig, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the engine process and wait until it has warmed up (EngineStartError if it fails or
+        is not ready within `start_timeout_s`)."""
         tokenizer = Tokenizer(config.model_config.path)
         self._send_lock = threading.Lock()
+        self._kill_reason: str | None = None
         ours, theirs = socket.socketpair()
         try:
             self._child = ChildProcess("llm_engine.engine.engine_process", {"config": config, "fd": theirs.fileno()},
@@ -49,6 +51,10 @@ class EngineProcessClient(EngineClient):
         self._kill_child = weakref.finalize(self, self._child.kill)  # also at interpreter exit
         self._conn = Connection(ours.detach())
         try:
+            if not self._conn.poll(start_timeout_s):
+                self._kill_child()
+                raise EngineStartError(f"the engine process was not ready within {start_timeout_s:.0f} s; its last "
+                                       f"output:\n{self._child.last_output()}")
             kind, stats = self._conn.recv()
             assert kind == READY, kind
         except (EOFError, OSError):
@@ -67,6 +73,12 @@ class EngineProcessClient(EngineClient):
     def pid(self) -> int:
         """The engine process's."""
         return self._child.pid
+
+    def kill(self, reason: str) -> None:
+        """End a stuck engine process at once (SIGKILL): its open requests fail with EngineDeadError
+        giving `reason`, as do later ones."""
+        self._kill_reason = reason
+        self._kill_child()
 
     def _submit(self, request: EngineRequest) -> None:
         self._send((ADD, request))
@@ -129,13 +141,10 @@ class EngineProcessClient(EngineClient):
     def _died(self) -> None:
         code = self._child.wait(EXIT_WAIT_S)
         how = self._child.describe_exit() if code is not None else "closed its connection"
+        if self._kill_reason is not None:
+            how = f"was killed: {self._kill_reason}"
         output = self._child.last_output(QUOTED_LINES).rstrip()
-        failure = (f"the engine process (pid {self._child.pid}) {how}; unload and load the model to restart it; "
-                   f"its last output: {output}")
-        with self._lock:
-            self._failure = failure
-            self._stats = dataclasses.replace(self._stats, kv_blocks_used=0, kv_blocks_free=self._stats.kv_blocks_total,
-                                              num_running=0, num_waiting=0)
+        failure = f"the engine process (pid {self._child.pid}) {how}; its last output: {output}"
         if not self._closing:
             logger.error("%s", failure)
-        self._streams.fail_all(lambda: EngineDeadError(failure))
+        self._fail(failure)

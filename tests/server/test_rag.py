@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 
 import pytest
 
+from ragstack import load_gen
 from ragstack.client import AsyncRagClient, RagClient, RagstackError
+from server_metrics import wait_for_metric
 
 pytestmark = pytest.mark.server
 QUESTION = "How is the KV cache divided into blocks?"
@@ -98,3 +101,18 @@ def test_asyncio_client(triton_server, protocol):
     answers, context = asyncio.run(scenario())
     assert len({a.text for a in answers}) == 1 and answers[0].text          # concurrent, greedy: equal
     assert answers[0].sources[0].source == context.sources[0].source == "paged_attention.md"
+
+
+@pytest.mark.parametrize("when", [0, 2], ids=["before-the-first-token", "mid-stream"])
+def test_cancelled_rag_queries_stop_their_generation(triton_server, when):
+    """Triton 2.51's BLS cannot cancel the llm request rag_generate sent: rag_generate aborts it by its
+    key (ragstack_abort). Uncancelled, these 16 queries of 400 tokens run about 10 s here; cancelled,
+    the llm is idle again within its 1 s metrics refresh."""
+    tensors = load_gen.rag_tensors("How does paged attention store the KV cache?", 400)
+    outcomes, _ = asyncio.run(load_gen.run_many(triton_server.grpc_url, "rag", [tensors] * 16, 60,
+                                                cancel_after=[when] * 16))
+    assert all(o.status == load_gen.CANCELLED for o in outcomes), load_gen.summarize(outcomes, 1)
+    cancelled = time.monotonic()
+    for gauge in ("triton_llm_num_requests_running", "triton_llm_kv_cache_blocks_used"):
+        wait_for_metric(triton_server.metrics_url, gauge, "llm", lambda v: v == 0, timeout_s=5)
+    assert time.monotonic() - cancelled < 2.5

@@ -6,8 +6,12 @@ its "parameters"); every llm response is forwarded as it comes, the sources ride
 With stream=false the llm answers once and so does this model, in one FINAL response, which the
 HTTP /generate endpoint requires. Every request ends with exactly one FINAL response.
 
-Limit: the BLS API of Triton 2.51 cannot cancel a request it has sent, so a client that cancels
-stops receiving at once, but the llm finishes that generation (bounded by max_tokens).
+Triton 2.51's BLS cannot cancel a request it has sent, and loses a decoupled callee's error response
+that follows its first response. So each llm request carries a key of ours (request parameter
+ragstack_cancel_key): when the client cancels (or goes away), the watcher ends the request and sends
+the llm a control request with that key (ragstack_abort), which frees the generation at the llm's
+next step; and the llm is asked to send its errors as data (ragstack_errors_in_band: an `error`
+output, JSON code and message), which this model turns back into an error response.
 
 Each relay runs in a thread of its own, watched by the pool thread that holds the request's
 max_inflight slot: after llm_idle_timeout_s without a response from the llm, the watcher ends the
@@ -19,12 +23,15 @@ responses stay in that one thread, as in the Python backend's own BLS examples.
 import json
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# The llm's control parameters (backends/triton_llm/llm_request.py: CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND).
+CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND = "ragstack_cancel_key", "ragstack_abort", "ragstack_errors_in_band"
 PASSED_TO_LLM = ("messages", "stream", "sampling_parameters", "max_tokens")
 REQUIRED = ("messages", "sources")
 
@@ -57,11 +64,17 @@ class TritonPythonModel:
         return None
 
     def _relay(self, request, sender):
-        """Runs in the pool: starts the relay and waits for it, or for the llm to go silent."""
+        """Runs in the pool: starts the relay and waits for it, for the client to cancel, or for the
+        llm to go silent."""
         relay = _Relay(sender)
         threading.Thread(target=self._forward, args=(request, relay), daemon=True, name="rag_generate-relay").start()
         try:
             while not relay.done.wait(0.25):
+                if relay.client_cancelled():
+                    relay.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        "request cancelled by the client", pb_utils.TritonError.CANCELLED)), FINAL)
+                    self._abort_llm(relay.key)
+                    return
                 if time.monotonic() - relay.last_response > self.idle_timeout_s:
                     relay.abandon(
                         f"rag_generate: no response from {self.llm} for {self.idle_timeout_s:.0f} s (parameter "
@@ -79,24 +92,27 @@ class TritonPythonModel:
             relay.done.set()
 
     def _generate(self, request, relay):
-        sender = relay.sender
         inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PASSED_TO_LLM) if t is not None]
         inputs.append(pb_utils.Tensor("exclude_input_in_output", np.array([True])))
         stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
         stream = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
         sources = pb_utils.get_input_tensor_by_name(request, "sources").as_numpy()
+        parameters = {**json.loads(request.parameters() or "{}"), CANCEL_KEY: relay.key, ERRORS_IN_BAND: True}
         llm_request = pb_utils.InferenceRequest(
-            model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason"],
-            parameters=json.loads(request.parameters() or "{}"))
+            model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason", "error"],
+            parameters=parameters)
 
         first = True
         for response in llm_request.exec(decoupled=True):
             relay.last_response = time.monotonic()
-            if sender.is_cancelled():
-                relay.send(None, FINAL)
-                return
             if response.has_error():
                 relay.send(pb_utils.InferenceResponse(error=response.error()), FINAL)
+                return
+            error = pb_utils.get_output_tensor_by_name(response, "error")
+            if error is not None:
+                error = json.loads(error.as_numpy().reshape(-1)[0])
+                code = getattr(pb_utils.TritonError, error["code"], pb_utils.TritonError.INTERNAL)
+                relay.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error["message"], code)), FINAL)
                 return
             tensors = response.output_tensors()
             if not tensors:
@@ -111,6 +127,15 @@ class TritonPythonModel:
         else:
             relay.send(None, FINAL)
 
+    def _abort_llm(self, key: str) -> None:
+        """The llm frees the request with this key before its next step."""
+        try:
+            for _ in pb_utils.InferenceRequest(model_name=self.llm, inputs=[], requested_output_names=[],
+                                               parameters={ABORT_KEY: key}).exec(decoupled=True):
+                pass
+        except Exception as error:  # noqa: BLE001 - the llm is gone: nothing left to abort
+            pb_utils.Logger.log_warn(f"rag_generate: could not abort the llm's request: {error}")
+
     def finalize(self):
         self.pool.shutdown(wait=True)
 
@@ -121,6 +146,7 @@ class _Relay:
 
     def __init__(self, sender):
         self.sender = sender
+        self.key = uuid.uuid4().hex  # names the llm request (CANCEL_KEY)
         self.done = threading.Event()
         self.last_response = time.monotonic()
         self._lock = threading.Lock()
@@ -137,6 +163,12 @@ class _Relay:
             else:
                 self.sender.send(response, flags=flags)
             return True
+
+    def client_cancelled(self) -> bool:
+        """Asked only while the request is open: a sender whose FINAL went out belongs to Triton no
+        more (asking then reads freed memory in the server)."""
+        with self._lock:
+            return not self._closed and self.sender.is_cancelled()
 
     def abandon(self, message: str) -> None:
         self.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)),
