@@ -5,6 +5,10 @@ python_backend_stubs/X.Y/) or, by default, the Triton 2.51 build that PyPI's nvi
 The launcher assembles a backend directory (the Python backend with the stub for the running
 Python, plus every `backends/<name>/` of the project), starts the server with the bundled
 libraries on its LD_LIBRARY_PATH only, waits until it is ready, and stops it cleanly.
+
+Triton's HTTP endpoint listens on 127.0.0.1 on a free port; the HTTP gateway (ragstack.gateway, its
+own process in the launcher's process group) listens on the advertised address and HTTP port and
+forwards to it. gRPC and metrics are Triton's own.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragstack import admin_key
+from ragstack.gateway.limits import GatewayLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
@@ -153,7 +158,7 @@ class ServerOptions:
     model_repositories: list[Path] = field(default_factory=lambda: list(DEFAULT_REPOSITORIES))
     models: list[str] = field(default_factory=lambda: ["*"])   # loaded at start; "*" = every model
     address: str = "127.0.0.1"
-    http_port: int = 8000
+    http_port: int = 8000           # the gateway's; Triton's own HTTP port is a free one on 127.0.0.1
     grpc_port: int = 8001
     metrics_port: int = 8002
     log_verbose: int = 0
@@ -161,6 +166,7 @@ class ServerOptions:
     startup_timeout_s: float = 300.0
     admin_key: str | None = None    # set: the repository and other admin APIs need it (ragstack.admin_key)
     extra_args: list[str] = field(default_factory=list)
+    gateway: GatewayLimits = field(default_factory=GatewayLimits)
 
 
 def _set_parent_death_signal() -> None:
@@ -200,11 +206,20 @@ class TritonServer:
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="ragstack-triton-"))
         self.log_path = self.work_dir / "tritonserver.log"
+        self.gateway_log_path = self.work_dir / "gateway.log"
         self.process: subprocess.Popen | None = None
+        self.gateway_process: subprocess.Popen | None = None
+        self.triton_http_port = 0  # chosen at start
 
     @property
     def http_url(self) -> str:
+        """The gateway's address: what clients use."""
         return f"{self.options.address}:{self.options.http_port}"
+
+    @property
+    def triton_http_url(self) -> str:
+        """Triton's own HTTP endpoint behind the gateway (tests compare the two)."""
+        return f"127.0.0.1:{self.triton_http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -227,7 +242,7 @@ class TritonServer:
         cmd += [f"--load-model={m}" for m in opts.models]
         cmd += [
             f"--backend-directory={backend_dir}",
-            f"--http-address={opts.address}", f"--http-port={opts.http_port}",
+            "--http-address=127.0.0.1", f"--http-port={self.triton_http_port}",
             f"--grpc-address={opts.address}", f"--grpc-port={opts.grpc_port}",
             f"--metrics-address={opts.address}", f"--metrics-port={opts.metrics_port}",
             f"--log-verbose={opts.log_verbose}",
@@ -241,6 +256,11 @@ class TritonServer:
         if opts.admin_key:
             cmd += admin_key.server_args(opts.admin_key)
         return cmd + list(opts.extra_args)
+
+    def gateway_command(self) -> list[str]:
+        opts = self.options
+        return [sys.executable, "-m", "ragstack.gateway", "--listen", self.http_url, "--upstream", self.triton_http_url,
+                "--exit-timeout", str(opts.exit_timeout_s), *opts.gateway.to_args()]
 
     def _environment(self, install: ServerInstall) -> dict[str, str]:
         env = dict(os.environ)
@@ -277,20 +297,39 @@ class TritonServer:
         backend_dir = assemble_backend_dir(install, self.work_dir / "backends")
         for repo in self.options.model_repositories:
             compile_python_models(Path(repo))
+        self.triton_http_port = free_port()
         cmd = self.command(install, backend_dir)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self._environment(install), cwd=ROOT,
-            start_new_session=True,  # its own process group: we signal it and its stubs together
-            preexec_fn=_set_parent_death_signal)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self._environment(install), cwd=ROOT,
+                start_new_session=True,  # its own process group: we signal it and its stubs together
+                preexec_fn=_set_parent_death_signal)
         try:
+            self._start_gateway()
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_gateway(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != admin_key.ENV}
+        if self.options.admin_key:  # in its environment, not on its command line: /livez's probe sends it
+            env[admin_key.ENV] = self.options.admin_key
+        with open(self.gateway_log_path, "ab") as log:
+            # In our process group, unlike Triton: a Ctrl-C reaches it, and it drains as Triton does.
+            self.gateway_process = subprocess.Popen(
+                self.gateway_command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=_set_parent_death_signal)
+
+    def exit_report(self) -> str | None:
+        """None while Triton and the gateway both run; else which one exited, with its last log lines."""
+        for name, proc, log in (("tritonserver", self.process, self.log_path),
+                                ("the HTTP gateway", self.gateway_process, self.gateway_log_path)):
+            if proc is not None and proc.poll() is not None:
+                return f"{name} exited with code {proc.returncode}; last log lines ({log}):\n{tail_log(log)}"
+        return None
 
     def is_ready(self) -> bool:
         try:
@@ -302,10 +341,9 @@ class TritonServer:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
         while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                raise LauncherError(f"tritonserver exited with code {code} during start-up; "
-                                    f"last log lines ({self.log_path}):\n{self.tail_log()}")
+            report = self.exit_report()
+            if report is not None:
+                raise LauncherError(f"during start-up, {report}")
             if self.is_ready():
                 return
             time.sleep(0.25)
@@ -313,31 +351,26 @@ class TritonServer:
                             f"last log lines ({self.log_path}):\n{self.tail_log()}")
 
     def tail_log(self, lines: int = 15) -> str:
-        """The server's error lines (a failed model load says why there), then its last lines."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "(no log)"
-        errors = [line for line in text if line.startswith("E") or "UNAVAILABLE:" in line]
-        tail = [line for line in text[-lines:] if line not in errors]
-        return "\n".join(errors[-20:] + tail)
+        return tail_log(self.log_path, lines)
 
     def stop(self) -> int | None:
-        """SIGINT lets in-flight requests finish (up to exit_timeout_s); then the group is killed."""
+        """SIGINT lets in-flight requests finish (up to exit_timeout_s); then the group is killed. The
+        gateway, sent SIGTERM first, stops listening and relays those requests' answers until Triton exits."""
+        gateway, self.gateway_process = self.gateway_process, None
+        if gateway is not None and gateway.poll() is None:
+            gateway.send_signal(signal.SIGTERM)
         proc, self.process = self.process, None
         if proc is None:
+            _wait_or_kill(gateway, self.options.exit_timeout_s + 15)
             return None
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=self.options.exit_timeout_s + 15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _wait_or_kill(proc, self.options.exit_timeout_s + 15)
         # Python backend stubs left behind by a crashed server are in the same process group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        _wait_or_kill(gateway, 15)
         # A server that exits cleanly removes its regions; a killed or aborted one leaves them in RAM.
         remove_shm_regions(self.shm_prefix)
         if self._own_work_dir:
@@ -350,3 +383,24 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _wait_or_kill(proc: subprocess.Popen | None, timeout_s: float) -> None:
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def tail_log(log: Path, lines: int = 15) -> str:
+    """A log's error lines (a failed model load says why there), then its last lines."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    errors = [line for line in text if line.startswith("E") or "UNAVAILABLE:" in line]
+    tail = [line for line in text[-lines:] if line not in errors]
+    return "\n".join(errors[-20:] + tail)

@@ -1,8 +1,9 @@
 """`ragstack serve`: run the real Triton server in the foreground until Ctrl-C or SIGTERM.
 
-With $RAGSTACK_ADMIN_KEY set, the repository API (and the other admin APIs, ragstack.admin_key)
-answers only requests carrying that key; without it they are open to whoever reaches the ports,
-which on the default loopback address is this machine only.
+HTTP clients reach it through the gateway (ragstack.gateway) on --address/--http-port, whose limits
+are the flags of the "HTTP gateway limits" group. With $RAGSTACK_ADMIN_KEY set, the repository API
+(and the other admin APIs, ragstack.admin_key) answers only requests carrying that key; without it
+they are open to whoever reaches the ports, which on the default loopback address is this machine only.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from pathlib import Path
 
 from ragstack import admin_key
+from ragstack.gateway import limits as gateway_limits
 from ragstack.launcher import DEFAULT_REPOSITORIES, LauncherError, ServerOptions, TritonServer
 
 
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for every model to load")
     parser.add_argument("server_args", nargs="*",
                         help="further tritonserver flags, after `--` (e.g. -- --log-info=false)")
+    gateway_limits.add_arguments(parser)
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -42,11 +45,16 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         address=args.address, http_port=args.http_port, grpc_port=args.grpc_port,
         metrics_port=args.metrics_port, log_verbose=args.log_verbose,
         exit_timeout_s=args.exit_timeout, startup_timeout_s=args.startup_timeout,
-        admin_key=admin_key.from_environment(), extra_args=list(args.server_args))
+        admin_key=admin_key.from_environment(), extra_args=list(args.server_args),
+        gateway=gateway_limits.from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
-    server = TritonServer(options_from_args(args))
+    try:
+        server = TritonServer(options_from_args(args))
+    except ValueError as exc:  # a gateway limit out of range
+        print(f"[serve] error: {exc}", file=sys.stderr)
+        return 2
     stop_requested = threading.Event()
 
     def request_stop(signum, _frame):
@@ -64,17 +72,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"[serve] ready  HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
           f"metrics {server.metrics_url}", flush=True)
+    print(f"[serve] HTTP goes through the gateway (log: {server.gateway_log_path}) to tritonserver's own "
+          f"http://{server.triton_http_url}, which listens on loopback only", flush=True)
     if server.options.admin_key:
         print(f"[serve] admin APIs ({', '.join(admin_key.RESTRICTED)}) need ${admin_key.ENV}", flush=True)
     else:
         print(f"[serve] warning: ${admin_key.ENV} is not set: anyone who reaches {server.options.address} can "
               "load and unload models", file=sys.stderr, flush=True)
     while not stop_requested.wait(0.5):
-        if server.process is not None and server.process.poll() is not None:
-            code = server.process.returncode
-            print(f"[serve] tritonserver exited unexpectedly with code {code}; last log lines:\n"
-                  f"{server.tail_log()}", file=sys.stderr)
-            server.stop()
+        report = server.exit_report()
+        if report is not None:
+            print(f"[serve] unexpectedly, {report}", file=sys.stderr)
+            code = server.stop()
             return code or 1
     code = server.stop()
     print(f"[serve] stopped (exit code {code})", flush=True)
