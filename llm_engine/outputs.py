@@ -6,6 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(slots=True, frozen=True)
+class TopLogprobs:
+    """Of one generated token: its rank in the distribution it was drawn from (1: the most likely),
+    and the logprobs of that distribution's N most likely tokens by id (N: SamplingParams.logprobs)."""
+
+    rank: int
+    top: dict[int, float]
+
+
 @dataclass(slots=True)
 class RequestDelta:
     """What one engine step added to one request: new text, tokens and timings. The deltas of a
@@ -15,6 +24,7 @@ class RequestDelta:
     text: str
     token_ids: list[int]
     logprobs: list[float] | None      # of the new tokens, when requested
+    top_logprobs: list[TopLogprobs] | None  # of the new tokens, when requested
     token_times: list[float]          # when each new token was sampled (time.monotonic())
     finish_reason: str | None         # None while running; "stop", "length", "abort" or "error"
     error: str | None = None          # set with finish_reason "error"
@@ -30,8 +40,9 @@ class RequestDelta:
         """This delta and an earlier one of the same request as one (a consumer that fell behind
         takes several steps' deltas at once)."""
         logprobs = None if self.logprobs is None else (earlier.logprobs or []) + self.logprobs
+        top = None if self.top_logprobs is None else (earlier.top_logprobs or []) + self.top_logprobs
         return RequestDelta(self.request_id, earlier.text + self.text, earlier.token_ids + self.token_ids, logprobs,
-                            earlier.token_times + self.token_times, self.finish_reason, self.error,
+                            top, earlier.token_times + self.token_times, self.finish_reason, self.error,
                             self.first_scheduled_time, self.finished_time, self.num_cached_tokens)
 
 
@@ -87,6 +98,8 @@ class RequestOutput:
     logprobs: list[float] | None  # logprob of each output token, when requested
     stats: RequestStats
     error: str | None = None  # set with finish_reason "error"
+    top_logprobs: list[TopLogprobs] | None = None  # rank and most likely tokens of each output token, when requested
+    delta_top_logprobs: list[TopLogprobs] | None = None  # those of the delta's tokens
 
     @property
     def finished(self) -> bool:

@@ -24,6 +24,7 @@ def _is_finite(value: int | float) -> bool:
 
 # Integers beyond int64 are refused: the sampler turns them into int64 tensors and seeds.
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_LOGPROBS = 20  # most likely tokens reported per generated token (vLLM's default max_logprobs)
 
 
 @dataclass
@@ -33,7 +34,8 @@ class SamplingParams:
     temperature 0 is greedy (exact argmax). top_k <= 0 and top_p == 1 and min_p == 0 disable the
     filters. repetition_penalty applies to prompt and output tokens, presence/frequency penalties to
     output tokens only. max_tokens None means "up to max_model_len". A `seed` makes the request's
-    samples reproducible whatever else is in the batch.
+    samples reproducible whatever else is in the batch. `logprobs` N reports each generated token's
+    logprob and rank and the N most likely tokens' logprobs (0: the token's own only; True is 0).
     """
 
     temperature: float = 1.0
@@ -49,7 +51,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     ignore_eos: bool = False
-    logprobs: bool = False
+    logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -61,6 +63,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a list, got {getattr(self, name)!r}")
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.logprobs, bool):
+            self.logprobs = 0 if self.logprobs else None
         self._validate()
 
     @classmethod
@@ -125,6 +129,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
-        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
+        if self.logprobs is not None and not 0 <= integer("logprobs") <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -140,10 +140,10 @@ class Scheduler:
     # placeholder token) and resolve (the sampled tokens replace the placeholders).
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int],
-                    logprobs: list[float | None] | None = None) -> list[Sequence]:
+                    logprobs: list[float | None] | None = None, top_logprobs: list | None = None) -> list[Sequence]:
         """advance and resolve at once, the sampled tokens being known."""
         self.advance(batch)
-        return self.resolve(batch, sampled_token_ids, logprobs)
+        return self.resolve(batch, sampled_token_ids, logprobs, top_logprobs)
 
     def advance(self, batch: ScheduledBatch) -> None:
         """Account the computed tokens; each sampled sequence gets the placeholder of its row
@@ -162,10 +162,10 @@ class Scheduler:
                 self.finish(seq, "length")
 
     def resolve(self, batch: ScheduledBatch, sampled_token_ids: list[int],
-                logprobs: list[float | None] | None = None) -> list[Sequence]:
-        """Put the sampled tokens in place of advance's placeholders (`sampled_token_ids` and
-        `logprobs` follow batch order over the sampled sequences); finish what a stop token ends.
-        Returns the sequences that got a token, in batch order."""
+                logprobs: list[float | None] | None = None, top_logprobs: list | None = None) -> list[Sequence]:
+        """Put the sampled tokens in place of advance's placeholders (`sampled_token_ids`, `logprobs`
+        and `top_logprobs` follow batch order over the sampled sequences); finish what a stop token
+        ends. Returns the sequences that got a token, in batch order."""
         got = []
         sampled = (seq for seq, is_sampled in zip(batch.seqs, batch.sample) if is_sampled)
         for row, seq in enumerate(sampled):
@@ -174,6 +174,7 @@ class Scheduler:
             seq.token_ids[-1] = sampled_token_ids[row]
             if logprobs is not None and logprobs[row] is not None:
                 seq.output_logprobs.append(logprobs[row])
+                seq.output_top_logprobs.append(top_logprobs[row])
             got.append(seq)
             if self._is_stop(seq):
                 if seq.is_finished:  # ended by its length limit in advance: a stop token is the reason

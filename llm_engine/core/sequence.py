@@ -44,6 +44,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop", "length", "abort"
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[Any] = field(default_factory=list)  # outputs.TopLogprobs, with output_logprobs
     # Chained hashes of the full blocks of token_ids (prefix caching); tokens are only appended,
     # so they stay valid across preemption and are extended, never recomputed.
     block_hashes: list[int] = field(default_factory=list)

@@ -202,11 +202,12 @@ class LLMEngine:
     def _complete(self, step: LaunchedStep, advanced: bool = False) -> list[tuple[RequestState, float]]:
         """Wait for the step's sampled tokens and put them in its sequences (advance done already
         or not); the requests that got one, with the time it arrived."""
-        ids, logprobs = (step.result.token_ids, step.result.logprobs) if step.result is not None else ([], None)
+        result = step.result
+        ids, logprobs, top = (result.token_ids, result.logprobs, result.top_logprobs) if result else ([], None, None)
         if advanced:
-            got = self.scheduler.resolve(step.batch, ids, logprobs)
+            got = self.scheduler.resolve(step.batch, ids, logprobs, top)
         else:
-            got = self.scheduler.postprocess(step.batch, ids, logprobs)
+            got = self.scheduler.postprocess(step.batch, ids, logprobs, top)
         self._num_generation_tokens += len(got)
         sampled_at = time.monotonic()
         return [(self._requests[seq.request_id], sampled_at) for seq in got]
@@ -268,8 +269,10 @@ class LLMEngine:
         if finished:
             stats.finished_time = time.monotonic()
             del self._requests[req.request_id]
-        logprobs = seq.output_logprobs[sent:] if seq.sampling_params.logprobs else None
-        return RequestDelta(req.request_id, text, out_ids[sent:], logprobs, stats.token_times[sent:],
+        wants = seq.sampling_params.logprobs is not None
+        logprobs = seq.output_logprobs[sent:] if wants else None
+        top = seq.output_top_logprobs[sent:] if wants else None
+        return RequestDelta(req.request_id, text, out_ids[sent:], logprobs, top, stats.token_times[sent:],
                             seq.finish_reason if finished else None, error, stats.first_scheduled_time,
                             stats.finished_time, seq.num_cached_tokens)
 

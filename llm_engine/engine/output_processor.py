@@ -15,6 +15,7 @@ class OutputAssembler:
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs: list[float] | None = None
+        self.top_logprobs: list = []
         self.stats = RequestStats(arrival_time=request.arrival_time, num_prompt_tokens=len(request.prompt_token_ids))
 
     def apply(self, delta: RequestDelta) -> RequestOutput:
@@ -22,6 +23,8 @@ class OutputAssembler:
         self.token_ids += delta.token_ids
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + delta.logprobs
+        if delta.top_logprobs is not None:
+            self.top_logprobs += delta.top_logprobs
         stats = self.stats
         stats.token_times += delta.token_times
         if stats.first_token_time is None and stats.token_times:
@@ -33,4 +36,6 @@ class OutputAssembler:
             request_id=delta.request_id, prompt=self.request.prompt, prompt_token_ids=self.request.prompt_token_ids,
             text=self.text, delta_text=delta.text, token_ids=list(self.token_ids), delta_token_ids=delta.token_ids,
             finish_reason=delta.finish_reason, logprobs=None if self.logprobs is None else list(self.logprobs),
-            stats=stats, error=delta.error)
+            stats=stats, error=delta.error,
+            top_logprobs=None if delta.top_logprobs is None else list(self.top_logprobs),
+            delta_top_logprobs=delta.top_logprobs)

@@ -8,7 +8,9 @@ draws its q from a generator seeded by (seed, output position), so its tokens do
 the rest of the batch, nor on preemption.
 
 Logprobs are those of the distribution the token was drawn from: log_softmax of the logits after
-all processing above (greedy rows: after masking and penalties, temperature 1).
+all processing above (greedy rows: after masking and penalties, temperature 1). A row that asks for
+them (SamplingParams.logprobs N) also gets the token's rank in that distribution and its N most
+likely tokens; all of it is computed on the device and copied to the host with the ids.
 
 Nothing here waits for the device: per-row settings reach it through pinned memory, and the
 sampled ids stay on the device (the next step's inputs are filled from them there) while their
@@ -24,6 +26,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from llm_engine.core.sequence import Sequence, placeholder_row
+from llm_engine.outputs import TopLogprobs
 from llm_engine.worker.host_copy import HostCopy, to_device
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads consecutive positions over the seed space
@@ -31,12 +34,13 @@ _SEED_MIX = 0x9E3779B97F4A7C15  # spreads consecutive positions over the seed sp
 
 class SamplerOutput:
     """One step's sampled ids, and logprobs where asked for. `ids` (int32, as the step inputs
-    hold them) stays on the device; `token_ids` and `logprobs` wait for the host copy."""
+    hold them) stays on the device; the rest waits for the host copy. `logprobs` holds per row the
+    logprob of the sampled token, rank and top ids / logprobs its rank and the most likely tokens."""
 
-    def __init__(self, ids: torch.Tensor, logprobs: torch.Tensor | None, wants_logprobs: list[bool]) -> None:
+    def __init__(self, ids: torch.Tensor, num_logprobs: list[int | None], logprobs: tuple[torch.Tensor, ...] = ()):
         self.ids = ids
-        self._wants_logprobs = wants_logprobs
-        self._copy = HostCopy(ids) if logprobs is None else HostCopy(ids, logprobs)
+        self._num_logprobs = num_logprobs
+        self._copy = HostCopy(ids, *logprobs)
 
     @functools.cached_property
     def token_ids(self) -> list[int]:
@@ -47,8 +51,18 @@ class SamplerOutput:
         """Per row; None where the request did not ask for them."""
         host = self._copy.wait()
         if len(host) == 1:
-            return [None] * len(self._wants_logprobs)
-        return [lp if wanted else None for lp, wanted in zip(host[1].tolist(), self._wants_logprobs)]
+            return [None] * len(self._num_logprobs)
+        return [lp if n is not None else None for lp, n in zip(host[1].tolist(), self._num_logprobs)]
+
+    @functools.cached_property
+    def top_logprobs(self) -> list[TopLogprobs | None]:
+        host = self._copy.wait()
+        if len(host) == 1:
+            return [None] * len(self._num_logprobs)
+        ranks = host[2].tolist()
+        top_ids, top_lps = (host[3].tolist(), host[4].tolist()) if len(host) == 5 else ([], [])
+        return [None if n is None else TopLogprobs(ranks[row], dict(zip(top_ids[row][:n], top_lps[row][:n])) if n else {})
+                for row, n in enumerate(self._num_logprobs)]
 
 
 class Sampler:
@@ -78,11 +92,10 @@ class Sampler:
             logits = _apply_min_p(logits, params)
             chosen = torch.where(greedy, logits.argmax(dim=-1), self._draw(logits, seqs))
 
-        wants_logprobs = [p.logprobs for p in params]
-        chosen_lp = None
-        if any(wants_logprobs):
-            chosen_lp = logits.log_softmax(dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
-        return SamplerOutput(chosen.to(torch.int32), chosen_lp, wants_logprobs)
+        num_logprobs = [p.logprobs for p in params]
+        if all(n is None for n in num_logprobs):
+            return SamplerOutput(chosen.to(torch.int32), num_logprobs)
+        return SamplerOutput(chosen.to(torch.int32), num_logprobs, _logprobs(logits, chosen, num_logprobs))
 
     def _mask_early_stop(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Below min_tokens, eos (unless ignored) and stop_token_ids cannot be sampled."""
@@ -150,6 +163,19 @@ class Sampler:
                 gen.manual_seed((p.seed + seq.num_output_tokens * _SEED_MIX) % 2**63)
                 q[i].exponential_(generator=gen)
         return (probs / q).argmax(dim=-1)
+
+
+def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, num_logprobs: list[int | None]) -> tuple[torch.Tensor, ...]:
+    """The sampled tokens' logprobs and ranks (1: the most likely), and the top ids and logprobs of
+    the largest N asked for, for every row (the rows that asked for fewer keep their first N)."""
+    lp = logits.log_softmax(dim=-1)
+    chosen_lp = lp.gather(1, chosen.unsqueeze(1))
+    rank = (lp > chosen_lp).sum(dim=-1) + 1
+    k = max(n or 0 for n in num_logprobs)
+    if not k:
+        return chosen_lp.squeeze(1), rank
+    top_lps, top_ids = lp.topk(k, dim=-1)
+    return chosen_lp.squeeze(1), rank, top_ids, top_lps
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, params: list) -> torch.Tensor:

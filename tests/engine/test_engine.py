@@ -415,3 +415,16 @@ def test_stop_strings_max_tokens_and_min_tokens_on_a_real_model(tiny_llm):
     held = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop_token_ids=[stop_id], min_tokens=6))[0]
     assert len(held.token_ids) >= 6 and stop_id not in held.token_ids[:5]
 
+
+
+def test_top_logprobs_follow_each_token_through_the_streams(fake_engine):
+    """The counting model puts all its mass on the next byte: every token is rank 1, its logprob near
+    0, and the 2 most likely tokens are that byte and one other."""
+    engine = fake_engine()
+    engine.add_request("r", "abc", SamplingParams(max_tokens=4, logprobs=2, **GREEDY))
+    outs = drain(engine)["r"]
+    last = outs[-1]
+    assert len(last.top_logprobs) == len(last.logprobs) == len(last.token_ids) == 4
+    assert sum(len(o.delta_top_logprobs) for o in outs) == 4
+    for token, top in zip(last.token_ids, last.top_logprobs):
+        assert top.rank == 1 and list(top.top)[0] == token and len(top.top) == 2

@@ -146,3 +146,28 @@ def test_logprobs_are_renormalised_after_top_k(sampler):
     out = sampler(logits, [seq(top_k=2, logprobs=True, seed=0)])
     p = {0: 0.5 / 0.8, 1: 0.3 / 0.8}[out.token_ids[0]]
     assert math.isclose(out.logprobs[0], math.log(p), rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ranks_and_most_likely_tokens_match_the_distribution(sampler, seed):
+    """Fresh random logits; each row's rank and top-N against log_softmax computed here in float64."""
+    logits = logits_for(4, seed=seed)
+    seqs = [seq(temperature=0, logprobs=3), seq(temperature=0.7, logprobs=0, seed=seed),
+            seq(temperature=1.0, logprobs=5, seed=seed + 1), seq(temperature=0)]
+    out = sampler(logits, seqs)
+    assert out.top_logprobs[3] is None and out.logprobs[3] is None
+    for row, (n, temperature) in enumerate([(3, 1.0), (0, 0.7), (5, 1.0)]):
+        reference = torch.log_softmax(logits[row].double() / temperature, -1)
+        token, top = out.token_ids[row], out.top_logprobs[row]
+        assert top.rank == int((reference > reference[token]).sum()) + 1
+        expected = reference.topk(n) if n else None
+        assert list(top.top) == ([] if expected is None else expected.indices.tolist())
+        for token_id, lp in top.top.items():
+            assert math.isclose(lp, reference[token_id].item(), rel_tol=1e-5, abs_tol=1e-6)
+    assert out.top_logprobs[0].rank == 1  # greedy: the most likely token
+
+
+def test_logprobs_true_means_the_tokens_own_only():
+    assert SamplingParams(logprobs=True).logprobs == 0 and SamplingParams(logprobs=False).logprobs is None
+    with pytest.raises(ValueError, match=r"logprobs must be in \[0, 20\], got 21"):
+        SamplingParams(logprobs=21)
