@@ -1,0 +1,132 @@
+"""Connection exhaustion through the gateway, on a server of its own with small limits: thousands of idle
+connections, per client and in all, slow headers, an idle keep-alive connection, a stalled body.
+
+Directly against Triton 2.51, 20,000 idle connections (the descriptor limit) made every HTTP and gRPC
+request time out and wrote 556 MB of "Too many open files" to its log in 30 s. Through the gateway
+the excess is refused at once (429 / 503 with Retry-After), other clients are served, and Triton
+sees none of it: idle clients never become connections to Triton.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from ragstack import process_tree
+from ragstack.gateway.limits import GatewayLimits
+from ragstack.launcher import TritonServer
+from raw_http import (
+    answered,
+    closed_within,
+    connect,
+    exchange,
+    read_response,
+    request_bytes,
+)
+from server_helpers import FIXTURE_REPOSITORY, free_server_options, wait_until
+
+pytestmark = pytest.mark.server
+LIMITS = GatewayLimits(max_connections=1200, max_connections_per_client=100, idle_timeout_s=5.0, body_timeout_s=3.0)
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    options = free_server_options(model_repositories=[FIXTURE_REPOSITORY], models=["echo"], gateway=LIMITS)
+    with TritonServer(options, work_dir=tmp_path_factory.mktemp("gateway-connections")) as running:
+        yield running
+
+
+def ready(server, source: str) -> int:
+    return exchange(server.http_url, "GET", "/v2/health/ready", source=source)[0]
+
+
+def open_idle(server, sources: list[str], count: int) -> list:
+    return [connect(server.http_url, source) for source in sources for _ in range(count)]
+
+
+def refusals(socks: list, status: int) -> tuple[int, list]:
+    """How many of `socks` were answered `status` unasked, and those left waiting (admitted)."""
+    got = answered(socks, wait_s=1.5)
+    refused = [data for data in got.values() if data.startswith(f"HTTP/1.1 {status} ".encode())]
+    assert len(refused) == len(got), {data[:40] for data in got.values()}
+    assert all(b"Retry-After: 1" in data for data in refused)
+    return len(refused), [sock for sock in socks if sock not in got]
+
+
+def close_all(socks: list) -> None:
+    for sock in socks:
+        sock.close()
+
+
+def triton_descriptors(server) -> int:
+    return len(os.listdir(f"/proc/{server.process.pid}/fd"))
+
+
+def test_one_client_past_its_limit_is_refused_and_others_are_served(server):
+    triton_fds, log_size = triton_descriptors(server), server.log_path.stat().st_size
+    socks = open_idle(server, ["127.0.0.2"], 2000)
+    try:
+        refused, admitted = refusals(socks, 429)
+        assert (refused, len(admitted)) == (1900, 100)
+        assert ready(server, "127.0.0.3") == 200                  # another client
+        status, _, body = exchange(server.http_url, "GET", "/v2/health/ready", source="127.0.0.2")
+        assert status == 429 and "max_connections_per_client" in json.loads(body)["error"]
+        assert triton_descriptors(server) <= triton_fds + 2       # idle clients never reach Triton
+    finally:
+        close_all(socks)
+    wait_until(lambda: ready(server, "127.0.0.2") == 200, "the client's connections to be released")
+    assert server.log_path.stat().st_size - log_size < 4096
+
+
+def test_past_the_total_limit_everyone_gets_503_until_connections_close(server):
+    sources = [f"127.0.0.{n}" for n in range(10, 25)]              # 15 clients of 100: 1500 > 1200
+    socks = open_idle(server, sources, 100)
+    try:
+        refused, admitted = refusals(socks, 503)
+        assert (refused, len(admitted)) == (300, 1200)
+        status, headers, body = exchange(server.http_url, "GET", "/v2/health/ready", source="127.0.0.30")
+        assert status == 503 and headers["retry-after"] == "1" and "max_connections" in json.loads(body)["error"]
+        gateway = server.gateway_process.pid
+        assert process_tree.rss_bytes(gateway) < 200 * MiB, process_tree.rss_bytes(gateway) / MiB
+        assert len(os.listdir(f"/proc/{gateway}/fd")) < LIMITS.descriptors_needed()
+    finally:
+        close_all(socks)
+    wait_until(lambda: ready(server, "127.0.0.30") == 200, "the connections to be released")
+
+
+def test_a_slow_header_client_is_closed_after_the_idle_timeout(server):
+    with connect(server.http_url) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\n")
+        start = time.monotonic()
+        while time.monotonic() - start < 3 * LIMITS.idle_timeout_s:  # a header byte every half second
+            try:
+                sock.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if closed_within(sock, 0.5) is not None:
+                break
+        waited = time.monotonic() - start
+    assert LIMITS.idle_timeout_s - 0.5 < waited < LIMITS.idle_timeout_s + 2, waited
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(server):
+    with connect(server.http_url) as sock:
+        sock.sendall(request_bytes("GET", "/v2/health/ready"))
+        assert read_response(sock)[0] == 200
+        waited = closed_within(sock, 3 * LIMITS.idle_timeout_s)
+    assert waited is not None and LIMITS.idle_timeout_s - 0.5 < waited < LIMITS.idle_timeout_s + 2, waited
+
+
+def test_a_stalled_body_gets_408_after_the_body_timeout(server):
+    with connect(server.http_url) as sock:
+        sock.sendall(request_bytes("POST", "/v2/models/echo/infer", headers={"Content-Length": "100"}) + b"{" * 10)
+        start = time.monotonic()
+        status, _, body = read_response(sock)
+        waited = time.monotonic() - start
+    assert status == 408 and "body_timeout_s" in json.loads(body)["error"]
+    assert LIMITS.body_timeout_s - 0.5 < waited < LIMITS.body_timeout_s + 2, waited
+    assert ready(server, "127.0.0.1") == 200
+    assert Path(f"/proc/{server.process.pid}").exists()
