@@ -28,6 +28,7 @@ def llm_inputs(prompt: str | None = None, *, stream: bool = True, sampling: dict
     if messages is not None:
         add("messages", json.dumps(messages).encode(), "BYTES")
     add("stream", stream, "BOOL")
+    add("return_finish_reason", True, "BOOL")  # sent only when asked, as vllm_backend does
     if sampling is not None:
         add("sampling_parameters", json.dumps(sampling).encode(), "BYTES")
     if max_tokens is not None:
@@ -76,7 +77,7 @@ class StreamSession:
         if text is not None and text.size:
             collected.texts.append(text.reshape(-1)[0].decode())
         reason = result.as_numpy("finish_reason")
-        if reason is not None and reason.size and reason.reshape(-1)[0]:
+        if reason is not None and reason.size and reason.reshape(-1)[0] not in (b"", b"None"):
             collected.finish_reasons.append(reason.reshape(-1)[0].decode())
         if response.parameters["triton_final_response"].bool_param:
             collected.finals += 1

@@ -1,7 +1,9 @@
 """Turn one Triton request's tensors into a validated generation request.
 
-Tensor names follow vllm_backend and TensorRT-LLM so their clients work unchanged. Every error
-names the tensor (or sampling key), the value and the limit; the caller answers INVALID_ARG.
+Tensor names, dtypes and semantics follow vllm_backend (and TensorRT-LLM's `max_tokens`) so their
+clients work unchanged; `messages` (chat) is this project's own. Sampling values are read as vLLM
+reads them (sampling_values.py). Every error names the tensor (or sampling key), the value and the
+limit; the caller answers INVALID_ARG.
 """
 from __future__ import annotations
 
@@ -11,25 +13,31 @@ from typing import Any, Callable
 import numpy as np
 
 import strict_json
+from sampling_values import SamplingValueError, coerce
 
 # Inputs the model declares (auto_complete_config adds those the config lacks).
+# vllm_backend's optional outputs, each sent only when its input asks for it (docs/additional_outputs.md).
+RETURNS = ("return_finish_reason", "return_cumulative_logprob", "return_logprobs", "return_num_input_tokens",
+           "return_num_output_tokens")
 INPUTS = [
     {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "image", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
     {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
     {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "max_tokens", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
     {"name": "exclude_input_in_output", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
-    {"name": "return_num_input_tokens", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
-    {"name": "return_num_output_tokens", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+    *({"name": name, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for name in RETURNS),
 ]
 OUTPUTS = [
     {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
     {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
+    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
+    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
     # JSON {"code", "message"}: an error sent as data, only to a caller that asks (ERRORS_IN_BAND).
     {"name": "error", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "num_input_tokens", "data_type": "TYPE_INT32", "dims": [1]},
-    {"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [1]},
 ]
 MAX_JSON_BYTES = 64 << 10
 # Request parameters between our own models (rag_generate calls the llm by BLS), never sampling keys.
@@ -51,8 +59,7 @@ class LLMRequest:
     stream: bool
     sampling: dict[str, Any]               # keys of llm_engine.SamplingParams
     exclude_input_in_output: bool
-    return_num_input_tokens: bool
-    return_num_output_tokens: bool
+    returns: frozenset[str] = frozenset()  # the RETURNS asked for
     cancel_key: str | None = None          # CANCEL_KEY: an ABORT_KEY request with it aborts this one
     errors_in_band: bool = False           # ERRORS_IN_BAND: errors go out as the `error` output
 
@@ -128,25 +135,33 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     if not isinstance(parameters, dict):
         raise InvalidRequest(f"'parameters' must be a JSON object, got {type(parameters).__name__}")
     cancel_key, errors_in_band = parameters.pop(CANCEL_KEY, None), parameters.pop(ERRORS_IN_BAND, False)
+    if get("image") is not None:
+        raise InvalidRequest("input 'image' is not supported: this model is not a multimodal model")
     raw_params = _scalar(get, "sampling_parameters", bytes)
     if raw_params is not None:
         sampling = _json(_utf8(raw_params, "sampling_parameters", MAX_JSON_BYTES), "sampling_parameters")
-        if not isinstance(sampling, dict):
-            raise InvalidRequest(f"'sampling_parameters' must be a JSON object, got {type(sampling).__name__}")
+        source = "sampling_parameters"
     else:
-        sampling = parameters
+        sampling, source = parameters, "parameters"
+    if not isinstance(sampling, dict):
+        raise InvalidRequest(f"'{source}' must be a JSON object, got {type(sampling).__name__}")
+    try:
+        sampling = coerce(sampling, source)
+    except SamplingValueError as exc:
+        raise InvalidRequest(str(exc)) from None
 
     max_tokens = _scalar(get, "max_tokens", int)
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
-    stream = _scalar(get, "stream", bool)
+    stream = bool(_scalar(get, "stream", bool))
     exclude = _scalar(get, "exclude_input_in_output", bool)
+    if stream and exclude is False:  # vllm_backend's rule, in its words
+        raise InvalidRequest("When streaming, `exclude_input_in_output` = False is not allowed.")
     return LLMRequest(
-        prompt=prompt, messages=messages, stream=bool(stream), sampling=sampling,
+        prompt=prompt, messages=messages, stream=stream, sampling=sampling,
         # As vllm_backend: a streamed answer never repeats the prompt; a single answer does unless told.
         exclude_input_in_output=True if stream else bool(exclude),
-        return_num_input_tokens=bool(_scalar(get, "return_num_input_tokens", bool)),
-        return_num_output_tokens=bool(_scalar(get, "return_num_output_tokens", bool)),
+        returns=frozenset(name for name in RETURNS if _scalar(get, name, bool)),
         cancel_key=str(cancel_key) if cancel_key is not None else None, errors_in_band=errors_in_band is True)
 
 

@@ -6,10 +6,13 @@ this stub, so execute() never waits for a generation. Each request ends with exa
 flagged FINAL: its last text, an error, or CANCELLED.
 
 Lifecycle: Triton finalizes an instance only once every request it holds has ended, and gives no
-word of an unload before; a lifecycle thread watches the model's readiness instead, and when it
-turns false (an unload, a server shutdown) lets the open requests run for shutdown_timeout_s,
-ends the rest with UNAVAILABLE and stops the engine, so the unload is bounded and the engine's
-memory returned. The watchdog (engine_supervisor.py) restarts an engine that dies or hangs.
+word of an unload before; a lifecycle thread watches the model's readiness instead (from the
+server's HTTP endpoint, $RAGSTACK_TRITON_HTTP, which the launcher and the deployments set: the
+Python backend's own readiness call, made from a thread, aborted Triton 2.51 with
+boost::interprocess::lock_exception), and when it turns false (an unload, a server shutdown) lets
+the open requests run for shutdown_timeout_s, ends the rest with UNAVAILABLE and stops the engine,
+so the unload is bounded and the engine's memory returned. The watchdog (engine_supervisor.py)
+restarts an engine that dies or hangs.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -27,10 +32,12 @@ import triton_python_backend_utils as pb_utils
 
 from engine_settings import load_settings
 from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, parse_request
+from responses import ResponseBuilder
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_INTERVAL_S = 0.02
 READINESS_CHECK_INTERVAL_S = 0.5
+READINESS_ENV = "RAGSTACK_TRITON_HTTP"  # host:port of the server's own HTTP endpoint
 TASKS_DRAIN_S = 10.0  # for the responses of requests the shutdown ended
 
 
@@ -143,7 +150,10 @@ class TritonPythonModel:
             engine = self.supervisor.engine()
             prompt = (self.tokenizer.apply_chat_template(req.messages) if req.messages is not None
                       else req.prompt)
-            stream = engine.add_request(request_id, prompt, req.sampling)
+            sampling = req.sampling
+            if req.returns & {"return_cumulative_logprob", "return_logprobs"} and sampling.get("logprobs") is None:
+                sampling = {**sampling, "logprobs": 0}  # the tokens' own logprobs, for those outputs
+            stream = engine.add_request(request_id, prompt, sampling)
         except self._unavailable_errors as exc:
             self._fail(sender, req, self._explain(exc), pb_utils.TritonError.UNAVAILABLE)
             return
@@ -159,7 +169,7 @@ class TritonPythonModel:
             self._by_cancel_key[req.cancel_key] = (engine, request_id, cancelled)
         watcher = asyncio.ensure_future(self._watch_cancellation(sender, engine, request_id, cancelled))
         out = None
-        sent_tokens = 0
+        builder = ResponseBuilder(req, self.tokenizer)
         first_token_seen = False
         next_cancel_check = 0.0
         try:
@@ -178,8 +188,7 @@ class TritonPythonModel:
                 if out.finished or cancelled.is_set():
                     break
                 if req.stream and out.delta_text:
-                    self._send(sender, self._response(req, out, out.delta_text, len(out.token_ids) - sent_tokens))
-                    sent_tokens = len(out.token_ids)
+                    self._send(sender, builder.response(out, out.delta_text, final=False))
         except self._unavailable_errors as exc:  # the engine died or hung, or the queue filled up after all
             self._fail(sender, req, self._explain(exc), pb_utils.TritonError.UNAVAILABLE)
             return
@@ -201,11 +210,10 @@ class TritonPythonModel:
             self._fail(sender, req, "the model is being unloaded; request aborted", pb_utils.TritonError.UNAVAILABLE)
             return
         if req.stream:
-            text, n_tokens = out.delta_text, len(out.token_ids) - sent_tokens
+            text = out.delta_text
         else:
-            prefix = "" if req.exclude_input_in_output else (out.prompt or "")
-            text, n_tokens = prefix + out.text, len(out.token_ids)
-        self._send(sender, self._response(req, out, text, n_tokens, final=True), FINAL)
+            text = ("" if req.exclude_input_in_output else (out.prompt or "")) + out.text
+        self._send(sender, builder.response(out, text, final=True), FINAL)
 
     async def _watch_cancellation(self, sender, engine, request_id: str, cancelled: asyncio.Event) -> None:
         """A request still waiting for the batch produces no outputs to check at; poll it."""
@@ -250,28 +258,19 @@ class TritonPythonModel:
         else:
             sender.send(response, flags=flags)
 
-    def _response(self, req: LLMRequest, out, text: str, n_tokens: int, final: bool = False):
-        tensors = [
-            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-            pb_utils.Tensor("finish_reason",
-                            np.array([(out.finish_reason or "").encode() if final else b""], dtype=np.object_)),
-        ]
-        if req.return_num_input_tokens:
-            tensors.append(pb_utils.Tensor("num_input_tokens",
-                                           np.array([len(out.prompt_token_ids)], dtype=np.int32)))
-        if req.return_num_output_tokens:
-            # Streaming: tokens in this response (as vllm_backend); otherwise all output tokens.
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n_tokens], dtype=np.int32)))
-        return pb_utils.InferenceResponse(output_tensors=tensors)
-
     def _watch_readiness(self) -> None:
         """Once the model was seen ready, its readiness turning false means an unload has begun."""
+        server = os.environ.get(READINESS_ENV)
+        if not server:
+            pb_utils.Logger.log_info(f"triton_llm: ${READINESS_ENV} is not set: an unload waits for the open "
+                                     "requests to end")
+            return
+        url = f"http://{server}/v2/models/{self.name}/versions/{self.version}/ready"
         seen_ready = False
         while not self._unloading.wait(READINESS_CHECK_INTERVAL_S):
-            try:
-                ready = pb_utils.is_model_ready(model_name=self.name, model_version=self.version)
-            except Exception:  # noqa: BLE001 - the server going away: finalize comes next
-                return
+            ready = _answers_ok(url)
+            if ready is None:
+                continue  # no answer this time (a busy server): ask again
             if ready:
                 seen_ready = True
             elif seen_ready:
@@ -321,6 +320,17 @@ class TritonPythonModel:
 def _input(request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
+
+
+def _answers_ok(url: str) -> bool | None:
+    """Whether GET `url` answers 200; None when it does not answer at all."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except urllib.error.HTTPError:
+        return False
+    except OSError:
+        return None
 
 
 def _code_name(code) -> str:

@@ -72,6 +72,7 @@ def _llm_tensors(prompt: str | None, messages: list[dict] | None) -> dict[str, n
         raise ValueError("generate: give exactly one of prompt or messages")
     tensors = {"text_input": _bytes([prompt])} if prompt is not None else {"messages": _bytes([json.dumps(messages)])}
     tensors["exclude_input_in_output"] = np.array([True])  # the answer only, also when not streaming
+    tensors["return_finish_reason"] = np.array([True])  # vllm_backend's rule: only when asked
     return tensors
 
 
@@ -99,7 +100,8 @@ def _absorb(answer: Answer, outputs: dict) -> str:
     delta = text_of(outputs["text_output"]) if "text_output" in outputs else ""
     answer.text += delta
     reason = text_of(outputs["finish_reason"]) if "finish_reason" in outputs else ""
-    answer.finish_reason = reason or answer.finish_reason
+    if reason not in ("", "None"):  # vllm_backend's "None": not finished yet
+        answer.finish_reason = reason
     if "sources" in outputs and text_of(outputs["sources"]):
         answer.sources = parse_sources(text_of(outputs["sources"]))
     for name in ("num_input_tokens", "num_output_tokens"):

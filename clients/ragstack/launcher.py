@@ -272,6 +272,8 @@ class TritonServer:
         # The stub imports its packages through the `python3` on PATH: make that this venv's.
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
         env.setdefault("HF_HUB_OFFLINE", "1")
+        # Where the llm's stub asks for its own readiness: turning false, an unload has begun.
+        env["RAGSTACK_TRITON_HTTP"] = self.triton_http_url
         return env
 
     def _check_inputs(self) -> None:

@@ -90,7 +90,7 @@ def test_chat_messages_use_the_chat_template(server):
 def test_http_generate_and_parameters_fallback(server):
     status, body = http_post(server.http_url, "/v2/models/llm/generate",
                              {"text_input": "Hello there", "stream": False, "exclude_input_in_output": True,
-                              "parameters": GREEDY})
+                              "return_finish_reason": True, "parameters": GREEDY})
     assert status == 200, body
     reply = json.loads(body)
     assert reply["finish_reason"] == "length"
@@ -99,7 +99,8 @@ def test_http_generate_and_parameters_fallback(server):
 
 def test_http_generate_stream_sse(server):
     status, body = http_post(server.http_url, "/v2/models/llm/generate_stream",
-                             {"text_input": "Hello there", "stream": True, "parameters": GREEDY})
+                             {"text_input": "Hello there", "stream": True, "return_finish_reason": True,
+                              "parameters": GREEDY})
     assert status == 200, body
     events = sse_events(body)
     for event in events:  # with SSE an error can arrive after the 200

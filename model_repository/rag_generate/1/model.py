@@ -94,6 +94,7 @@ class TritonPythonModel:
     def _generate(self, request, relay):
         inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in PASSED_TO_LLM) if t is not None]
         inputs.append(pb_utils.Tensor("exclude_input_in_output", np.array([True])))
+        inputs.append(pb_utils.Tensor("return_finish_reason", np.array([True])))
         stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
         stream = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
         sources = pb_utils.get_input_tensor_by_name(request, "sources").as_numpy()

@@ -1,0 +1,67 @@
+"""The output tensors of one request's responses, as vllm_backend sends them: `text_output` always,
+the other outputs only when their return_* input asked (docs/additional_outputs.md in vllm_backend):
+`finish_reason` ("None" until the last), `cumulative_logprob`, `logprobs` (JSON per response: for
+each new token, {token id: {logprob, rank, decoded_token}} over the sampled token and the N most
+likely), `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from llm_engine.engine.detokenizer import IncrementalDetokenizer
+from llm_request import LLMRequest
+
+
+class ResponseBuilder:
+    def __init__(self, req: LLMRequest, tokenizer) -> None:
+        self.req = req
+        self.tokenizer = tokenizer
+        self._cumulative = 0.0
+        self._sent_tokens = 0
+        self._sent_logprobs = 0
+        # The sampled tokens' text, piece by piece, so that the rank-1 pieces add up to the text.
+        self._pieces: IncrementalDetokenizer | None = None
+
+    def response(self, out, text: str, final: bool) -> pb_utils.InferenceResponse:
+        """`out`: the engine's RequestOutput so far; `text`: this response's text."""
+        req, returns = self.req, self.req.returns
+        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        new_tokens = out.token_ids[self._sent_tokens:] if req.stream else out.token_ids
+        if "return_finish_reason" in returns:
+            reason = str(out.finish_reason) if final else "None"
+            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+        if "return_cumulative_logprob" in returns:
+            self._cumulative += sum((out.logprobs or [])[self._sent_logprobs:])
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([self._cumulative], dtype=np.float32)))
+        if "return_logprobs" in returns:
+            tensors.append(pb_utils.Tensor("logprobs", np.array([self._logprobs(out, final)], dtype=np.object_)))
+        if "return_num_input_tokens" in returns:
+            tensors.append(pb_utils.Tensor("num_input_tokens",
+                                           np.array([len(out.prompt_token_ids)], dtype=np.uint32)))
+        if "return_num_output_tokens" in returns:
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(new_tokens)], dtype=np.uint32)))
+        self._sent_tokens = len(out.token_ids)
+        self._sent_logprobs = len(out.logprobs or [])
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _logprobs(self, out, final: bool) -> bytes:
+        if self.req.sampling.get("logprobs") is None or out.top_logprobs is None:
+            return b"null"  # as vllm_backend, when the request did not ask for logprobs
+        if self._pieces is None:
+            self._pieces = IncrementalDetokenizer(self.tokenizer, out.prompt_token_ids, [],
+                                                  self.req.sampling.get("skip_special_tokens", True))
+        start = self._sent_tokens if self.req.stream else 0
+        entries = []
+        tokens = out.token_ids[start:]
+        for i, (token, logprob, top) in enumerate(zip(tokens, out.logprobs[start:], out.top_logprobs[start:])):
+            last = final and i == len(tokens) - 1
+            self._pieces.add_token(token, check_stop=False, last=last)
+            piece = self._pieces.emit(finished=last)
+            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.tokenizer.decode([t])}
+                     for rank, (t, lp) in enumerate(top.top.items())}
+            entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece}
+            entries.append(entry)
+        return json.dumps(entries).encode()
