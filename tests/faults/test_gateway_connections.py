@@ -1,5 +1,6 @@
 """Connection exhaustion through the gateway, on a server of its own with small limits: thousands of idle
-connections, per client and in all, slow headers, an idle keep-alive connection, a stalled body.
+connections, per client and in all, slow headers, an idle keep-alive connection, a stalled body, bodies
+held at once.
 
 Directly against Triton 2.51, 20,000 idle connections (the descriptor limit) made every HTTP and gRPC
 request time out and wrote 556 MB of "Too many open files" to its log in 30 s. Through the gateway
@@ -28,8 +29,10 @@ from raw_http import (
 from server_helpers import FIXTURE_REPOSITORY, free_server_options, wait_until
 
 pytestmark = pytest.mark.server
-LIMITS = GatewayLimits(max_connections=1200, max_connections_per_client=100, idle_timeout_s=5.0, body_timeout_s=3.0)
 MiB = 1 << 20
+LIMITS = GatewayLimits(max_connections=1200, max_connections_per_client=100, idle_timeout_s=5.0, body_timeout_s=3.0,
+                       max_buffered_bytes=MiB)
+ECHO = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +133,17 @@ def test_a_stalled_body_gets_408_after_the_body_timeout(server):
     assert LIMITS.body_timeout_s - 0.5 < waited < LIMITS.body_timeout_s + 2, waited
     assert ready(server, "127.0.0.1") == 200
     assert Path(f"/proc/{server.process.pid}").exists()
+
+
+def test_the_bodies_held_at_once_are_bounded(server):
+    half = ECHO + b" " * (MiB // 2)
+    with connect(server.http_url) as slow:                           # 0.9 MiB arrive, the rest never does
+        slow.sendall(request_bytes("POST", "/v2/models/echo/infer", headers={"Content-Length": str(MiB)})
+                     + b" " * (MiB - MiB // 10))
+        wait_until(lambda: exchange(server.http_url, "POST", "/v2/models/echo/infer", half)[0] == 503,
+                   "the held bytes to count the slow body", timeout_s=LIMITS.body_timeout_s)
+        status, headers, body = exchange(server.http_url, "POST", "/v2/models/echo/infer", half)
+        assert status == 503 and headers["retry-after"] == "1"
+        assert f"its limit {MiB} (max_buffered_bytes)" in json.loads(body)["error"]
+    wait_until(lambda: exchange(server.http_url, "POST", "/v2/models/echo/infer", half)[0] == 200,
+               "the slow body's bytes to be given back")

@@ -31,6 +31,7 @@ class ListenError(RuntimeError):
 class Gateway:
     def __init__(self, upstream_address: str, limits: GatewayLimits, key: str | None):
         self.limits = limits
+        self.held = request_body.Held(limits)
         self.upstream = Upstream(upstream_address, limits)
         self.livez = Livez(upstream_address, key, limits.livez_timeout_s)
 
@@ -40,10 +41,10 @@ class Gateway:
                 raise GatewayError(400, f"the request target {request.rel_url.raw_path!r} is not a path")
             if request.rel_url.raw_path == "/livez" and request.method == "GET":
                 return await self.livez.handle(request)
-            body = await request_body.read(request, self.limits)
-            content_type = request_body.check(body, request.headers, self.limits)
-            async with self.upstream.exchange(request, request.rel_url.raw_path_qs, body, content_type) as response:
-                return await relay(request, response, self.limits)
+            async with request_body.read(request, self.limits, self.held) as body:
+                content_type = request_body.check(body, request.headers, self.limits)
+                async with self.upstream.exchange(request, request.rel_url.raw_path_qs, body, content_type) as response:
+                    return await relay(request, response, self.limits)
         except GatewayError as exc:
             return exc.response()
 

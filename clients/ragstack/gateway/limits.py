@@ -23,6 +23,9 @@ class GatewayLimits:
     # up to 3 bytes a byte (\uXXXX surrogate pairs) plus sampling_parameters (64 KiB); 32 texts of
     # 16 KiB to embed are half a MiB. Refused bodies never reach Triton, which keeps what it reads.
     max_body_bytes: int = _knob(4 << 20, "largest request body in bytes, after decompression (413 beyond)")
+    # Bodies are held whole until Triton has them: without a bound, 4096 connections of 4 MiB bodies
+    # would hold 16 GiB. 64 bodies at max_body_bytes.
+    max_buffered_bytes: int = _knob(256 << 20, "request body bytes held at once, all requests together (503 beyond)")
     # Triton's JSON parser recurses: 130k levels crash the server. A tensor of rank r nests r + 3 deep.
     max_json_depth: int = _knob(64, "deepest JSON nesting of a body or binary request's JSON header (400 beyond)")
     max_connections: int = _knob(4096, "open client connections in all; past it new ones get 503 and are closed")
