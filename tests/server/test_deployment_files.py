@@ -1,6 +1,7 @@
 """The deployment files against the real server (docker compose itself cannot run here; the parsed
 checks are in tests/unit/test_docker_compose.py): every metric the Grafana dashboard queries is
-served by the metrics endpoint, and docker-compose's healthcheck passes on a ready server."""
+served by the metrics endpoint, and docker-compose's healthchecks (Triton's readiness, the gateway's /livez)
+pass on a ready server."""
 from __future__ import annotations
 
 import json
@@ -52,14 +53,16 @@ def test_every_metric_the_dashboard_queries_is_served(triton_server):
             assert 'model="' in served[name], served[name]
 
 
-def test_the_compose_healthcheck_passes_on_a_ready_server(triton_server):
+@pytest.mark.parametrize("service", ["triton", "gateway"])
+def test_the_compose_healthchecks_pass_on_a_ready_server(triton_server, service):
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    kind, *command = compose["services"]["triton"]["healthcheck"]["test"]
+    kind, *command = compose["services"][service]["healthcheck"]["test"]
     assert kind == "CMD"
     if shutil.which(command[0]) is None:
         pytest.skip(f"{command[0]} is not installed here")
-    # Inside the container the server's HTTP port is Triton's default, the one compose publishes.
-    here = [arg.replace("localhost:8000", triton_server.http_url) for arg in command]
+    # Inside each container its HTTP port is Triton's default: Triton's own, and the gateway's in front.
+    url = triton_server.triton_http_url if service == "triton" else triton_server.http_url
+    here = [arg.replace("localhost:8000", url) for arg in command]
     assert here != command, command
     result = subprocess.run(here, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, (here, result.stderr)

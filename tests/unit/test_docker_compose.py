@@ -1,6 +1,6 @@
-"""docker-compose.yml is valid: `docker compose config` where the plugin runs, else parsed: its ports,
-repositories, model control and admin flags agree with the clients and the launcher the tests run, and
-every referenced path exists. (No Docker engine here: its healthcheck and the dashboard's metrics are
+"""docker-compose.yml is valid: `docker compose config` where the plugin runs, else parsed: its ports
+(HTTP through the gateway service), repositories, model control and admin flags agree with the clients
+and the launcher the tests run, and every referenced path exists. (No Docker engine here: its healthcheck and the dashboard's metrics are
 checked against the real server in tests/server/test_deployment_files.py.)"""
 from __future__ import annotations
 
@@ -38,19 +38,38 @@ def test_docker_compose_config_validates():
     assert result.returncode == 0, result.stderr
 
 
+def published(service: dict) -> set[tuple[str, str]]:
+    return {tuple(p.split(":")[-2:]) for p in service.get("ports", [])}   # (host port, container port)
+
+
 def test_clients_reach_the_published_ports_and_only_inference_faces_the_network(compose):
-    """The triton service publishes the ports RagClient and the CLI default to and the metrics port the
-    launcher serves on (the command sets no port: Triton's defaults, which the launcher's are). Only the
-    inference ports face the network; metrics, prometheus and grafana stay on loopback."""
-    triton = compose["services"]["triton"]
+    """RagClient's and the CLI's default ports are published: HTTP by the gateway, gRPC by triton, which
+    also publishes the metrics port the launcher serves on (the command sets no port: Triton's defaults,
+    which the launcher's are). Triton's own HTTP port is not published: HTTP goes through the gateway,
+    which forwards to it. Only the inference ports face the network; the rest stays on loopback."""
+    triton, gateway = compose["services"]["triton"], compose["services"]["gateway"]
     assert not [arg for arg in triton["command"] if arg.startswith(("--http-port", "--grpc-port", "--metrics-port"))]
-    inference = {str(port) for port in DEFAULT_PORTS.values()}
-    published = {tuple(p.split(":")[-2:]) for p in triton["ports"]}   # (host port, container port)
-    assert published == {(port, port) for port in inference | {str(ServerOptions().metrics_port)}}
+    http, grpc, metrics = str(DEFAULT_PORTS["http"]), str(DEFAULT_PORTS["grpc"]), str(ServerOptions().metrics_port)
+    assert published(triton) == {(grpc, grpc), (metrics, metrics)}
+    assert published(gateway) == {(http, http)}
+    command = gateway["command"]
+    assert command[:3] == ["python3", "-m", "ragstack.gateway"]
+    assert command[command.index("--listen") + 1] == f"0.0.0.0:{http}"
+    assert command[command.index("--upstream") + 1] == f"triton:{http}"    # Triton's default HTTP port
+    inference = {("gateway", http), ("triton", grpc)}
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
-            if not (name == "triton" and port.rsplit(":", 1)[-1] in inference):
+            if (name, port.rsplit(":", 1)[-1]) not in inference:
                 assert port.startswith("127.0.0.1:"), (name, port)
+
+
+def test_the_gateway_is_checked_by_livez_and_runs_the_servers_image(compose):
+    """(The healthcheck runs against a live gateway in tests/server/test_deployment_files.py.)"""
+    triton, gateway = compose["services"]["triton"], compose["services"]["gateway"]
+    assert gateway["healthcheck"]["test"] == ["CMD", "curl", "-fsS", "http://localhost:8000/livez"]
+    assert gateway["image"] == triton["image"] and gateway["build"] == triton["build"]
+    assert gateway["environment"]["RAGSTACK_ADMIN_KEY"] == "${RAGSTACK_ADMIN_KEY:?set RAGSTACK_ADMIN_KEY}"
+    assert gateway["restart"] and "triton" in gateway["depends_on"]
     # docs/operations.md: the server can abort (upstream server#8882): a restart policy; the Python
     # backend's regions need more /dev/shm than Docker's default
     assert triton["restart"] and triton["shm_size"]
