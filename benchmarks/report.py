@@ -37,6 +37,7 @@ BENCHMARKS = (  # in the page's order
     Benchmark("step_host", "bench_step_host", "Host time per engine step, async scheduling off / on"),
     Benchmark("reload", "bench_reload", "LLM unload / load cycles"),
     Benchmark("embed", "bench_embed", "Embedding through Triton vs in-process"),
+    Benchmark("gateway", "bench_gateway", "HTTP through the gateway vs Triton directly"),
     Benchmark("rag", "bench_rag", "RAG query", transpose=True),
     Benchmark("load", "load_test", "Load and overload", transpose=True),
 )
