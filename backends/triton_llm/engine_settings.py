@@ -1,5 +1,6 @@
-"""Engine settings of one model version: config.pbtxt parameters, then `engine.json` in the
-version folder (version-specific values win), typed by EngineConfig's own fields."""
+"""Engine settings of one model version: config.pbtxt parameters, then a vllm_backend `model.json`
+(vLLM engine arguments, vllm_engine_args.py), then `engine.json`, both in the version folder (the
+later win), typed by EngineConfig's own fields."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_engine.config import EngineConfig
+from vllm_engine_args import translate
 
 # Parameters of the backend itself, not of the engine.
 BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", "max_prompt_bytes", "engine_process",
@@ -47,14 +49,17 @@ def _convert(name: str, raw: Any, annotation: Any) -> Any:
     raise ValueError(f"parameter '{name}' = {raw!r} is not a valid {annotation}")
 
 
-def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, dict[str, Any]]:
+def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, dict[str, Any], list[str]]:
+    """The engine's config, the backend's own settings, and warnings for the log."""
     values: dict[str, Any] = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+    warnings: list[str] = []
+    vllm_json = version_dir / "model.json"
+    if vllm_json.is_file():
+        settings, warnings = translate(_read_json(vllm_json), str(vllm_json))
+        values.update(settings)
     engine_json = version_dir / "engine.json"
     if engine_json.is_file():
-        try:
-            values.update(json.loads(engine_json.read_text()))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{engine_json} is not valid JSON: {exc}") from None
+        values.update(_read_json(engine_json))
     backend = dict(BACKEND_DEFAULTS)
     backend.update({k: values.pop(k) for k in list(values) if k in BACKEND_KEYS})
     hints = typing.get_type_hints(EngineConfig)
@@ -64,8 +69,14 @@ def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, 
         raise ValueError(f"unknown engine parameter(s) {unknown}; known: {sorted(fields | BACKEND_KEYS)}")
     kwargs = {k: _convert(k, v, hints[k]) for k, v in values.items()}
     # A relative model path is a folder inside the version directory (default: "model").
-    model = Path(os.path.expanduser(str(kwargs.get("model") or "model")))
+    given = str(kwargs.get("model") or "model")
+    model = Path(os.path.expanduser(given))
     kwargs["model"] = str(model if model.is_absolute() else version_dir / model)
+    if not Path(kwargs["model"]).is_dir():
+        raise ValueError(f"model {given!r}: no folder {kwargs['model']}. Name a local Hugging Face folder (an "
+                         f"absolute path, or a folder inside {version_dir}) in config.pbtxt's `model` parameter, "
+                         "engine.json or a vllm_backend model.json: nothing is downloaded (a hub id such as "
+                         "'org/name' is not fetched)")
     for key in ("shutdown_timeout_s", "metrics_interval_s", "engine_stall_timeout_s"):
         backend[key] = _checked(key, float, backend[key], 0)
     backend["max_prompt_bytes"] = _checked("max_prompt_bytes", int, backend["max_prompt_bytes"], 1)
@@ -74,7 +85,14 @@ def load_settings(model_config: dict, version_dir: Path) -> tuple[EngineConfig, 
     if engine_process is not None and not isinstance(engine_process, bool):
         raise ValueError(f"parameter 'engine_process' = {engine_process!r} is not a valid bool")
     backend["engine_process"] = BACKEND_DEFAULTS["engine_process"] if engine_process is None else engine_process
-    return EngineConfig(**kwargs), backend
+    return EngineConfig(**kwargs), backend, warnings
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
 
 
 

@@ -1,8 +1,10 @@
-"""LLM metrics at the server's :8002 endpoint, labelled with model and version.
+"""LLM metrics at the server's :8002 endpoint, labelled with model, version and the stub's pid.
 
-Names carry a `triton_llm_` prefix: they are measured by this backend, so they are not vLLM's
-metrics even where the idea is close. Gauges are refreshed from engine stats by a timer thread;
-counters and histograms move when a request produces its first token or finishes.
+Two sets: ours, `triton_llm_*`, and vllm_backend's `vllm:*` families with its names, meanings and
+buckets (its README), plus the vLLM server's `vllm:num_requests_*` and `vllm:kv_cache_usage_perc`
+gauges, so dashboards and alerts built for vllm_backend work unchanged. Gauges and token counters
+are refreshed from the engine's stats by a timer thread; the histograms move when a request
+produces its first token or finishes.
 """
 from __future__ import annotations
 
@@ -12,10 +14,26 @@ import triton_python_backend_utils as pb_utils
 
 _LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _TOKEN_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5]
+# vllm_backend's (src/utils/metrics.py).
+_VLLM_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+_VLLM_TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+_VLLM_E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+_VLLM_N_BUCKETS = [1, 2, 5, 10, 20]
+
+
+def _buckets_1_2_5(maximum: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to `maximum` (vLLM's build_1_2_5_buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > maximum:
+                return out
+            out.append(m * scale)
+        scale *= 10
 
 
 class LLMMetrics:
-    def __init__(self, labels: dict[str, str], stats_fn, interval_s: float = 1.0):
+    def __init__(self, labels: dict[str, str], stats_fn, interval_s: float, max_model_len: int):
         def family(name, description, kind):
             f = pb_utils.MetricFamily(name=name, description=description, kind=kind)
             self._families.append(f)  # a family that is garbage collected disappears from /metrics
@@ -47,8 +65,31 @@ class LLMMetrics:
                               G).Metric(labels=labels)
         self.waiting = family("triton_llm_num_requests_waiting", "Sequences waiting to be scheduled",
                               G).Metric(labels=labels)
+
+        def vllm(name, description, kind, buckets=None):
+            f = family(f"vllm:{name}", description, kind)
+            return f.Metric(labels=labels, buckets=buckets) if buckets else f.Metric(labels=labels)
+
+        self.vllm_prompt_tokens = vllm("prompt_tokens_total", "Number of prefill tokens processed.", C)
+        self.vllm_generation_tokens = vllm("generation_tokens_total", "Number of generation tokens processed.", C)
+        self.vllm_ttft = vllm("time_to_first_token_seconds", "Histogram of time to first token in seconds.", H,
+                              _VLLM_TTFT_BUCKETS)
+        self.vllm_tpot = vllm("time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                              H, _VLLM_TPOT_BUCKETS)
+        self.vllm_e2e = vllm("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                             H, _VLLM_E2E_BUCKETS)
+        self.vllm_request_prompt = vllm("request_prompt_tokens", "Number of prefill tokens processed.", H,
+                                        _buckets_1_2_5(max_model_len))
+        self.vllm_request_generation = vllm("request_generation_tokens", "Number of generation tokens processed.",
+                                            H, _buckets_1_2_5(max_model_len))
+        self.vllm_n = vllm("request_params_n", "Histogram of the n request parameter.", H, _VLLM_N_BUCKETS)
+        self.vllm_running = vllm("num_requests_running", "Number of requests in model execution batches.", G)
+        self.vllm_waiting = vllm("num_requests_waiting", "Number of requests waiting to be processed.", G)
+        self.vllm_kv_usage = vllm("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G)
         self._stats_fn = stats_fn
-        self._preemptions_seen = 0
+        start = stats_fn()  # the warm-up's tokens are not traffic
+        self._preemptions_seen = start.num_preemptions
+        self._tokens_seen = (start.num_prompt_tokens, start.num_generation_tokens)  # already counted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh_loop, args=(interval_s,), daemon=True,
                                         name="triton_llm-metrics")
@@ -56,16 +97,22 @@ class LLMMetrics:
 
     def observe_first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
+        self.vllm_ttft.observe(ttft_s)
 
     def observe_finished(self, stats) -> None:
         """`stats` is the request's llm_engine RequestStats."""
         if stats.finished_time is not None:
             self.e2e.observe(stats.finished_time - stats.arrival_time)
+            self.vllm_e2e.observe(stats.finished_time - stats.arrival_time)
         for gap in stats.inter_token_latencies:
             self.tpot.observe(gap)
+            self.vllm_tpot.observe(gap)
         self.prompt_tokens.increment(stats.num_prompt_tokens)
         self.generation_tokens.increment(stats.num_generated_tokens)
         self.requests.increment(1)
+        self.vllm_request_prompt.observe(stats.num_prompt_tokens)
+        self.vllm_request_generation.observe(stats.num_generated_tokens)
+        self.vllm_n.observe(1)
 
     def refresh(self) -> None:
         stats = self._stats_fn()
@@ -73,11 +120,13 @@ class LLMMetrics:
         self.kv_total.set(stats.kv_blocks_total)
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
-        if stats.num_preemptions < self._preemptions_seen:  # a restarted engine counts from 0
-            self._preemptions_seen = 0
-        if stats.num_preemptions > self._preemptions_seen:
-            self.preemptions.increment(stats.num_preemptions - self._preemptions_seen)
-            self._preemptions_seen = stats.num_preemptions
+        self.vllm_running.set(stats.num_running)
+        self.vllm_waiting.set(stats.num_waiting)
+        self.vllm_kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
+        self._preemptions_seen = _count_on(self.preemptions, stats.num_preemptions, self._preemptions_seen)
+        prompt_seen, generation_seen = self._tokens_seen
+        self._tokens_seen = (_count_on(self.vllm_prompt_tokens, stats.num_prompt_tokens, prompt_seen),
+                             _count_on(self.vllm_generation_tokens, stats.num_generation_tokens, generation_seen))
 
     def _refresh_loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -89,3 +138,12 @@ class LLMMetrics:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def _count_on(counter, total: int, seen: int) -> int:
+    """Adds what an engine counter grew by since `seen` (a restarted engine counts from 0); the new seen."""
+    if total < seen:
+        seen = 0
+    if total > seen:
+        counter.increment(total - seen)
+    return total

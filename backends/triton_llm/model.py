@@ -63,7 +63,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("triton_llm needs model_transaction_policy { decoupled: true }")
         self.name, self.version = args["model_name"], args["model_version"]
         version_dir = Path(args["model_repository"]) / self.version
-        config, self.backend_settings = load_settings(self.model_config, version_dir)
+        config, self.backend_settings, warnings = load_settings(self.model_config, version_dir)
+        for warning in warnings:
+            pb_utils.Logger.log_warn(f"triton_llm: {warning}")
         settings = self.backend_settings
         if settings.get("triton_cache_dir"):
             # Compiled kernels persist across loads (a volume under docker-compose).
@@ -97,7 +99,8 @@ class TritonPythonModel:
             # The stub's pid keeps two live instances of one model (a reload, several instances) from
             # sharing a series: Triton 2.51 frees a series when either instance deletes it.
             labels = {"model": self.name, "version": self.version, "stub_pid": str(os.getpid())}
-            self.metrics = LLMMetrics(labels, self.supervisor.get_stats, settings["metrics_interval_s"])
+            self.metrics = LLMMetrics(labels, self.supervisor.get_stats, settings["metrics_interval_s"],
+                                      config.max_model_len)
         except pb_utils.TritonModelException as exc:  # the server runs with metrics off
             pb_utils.Logger.log_info(f"triton_llm: metrics disabled ({exc})")
         self._tasks: set[asyncio.Future] = set()
