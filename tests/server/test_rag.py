@@ -12,6 +12,7 @@ import pytest
 
 from ragstack import load_gen
 from ragstack.client import AsyncRagClient, RagClient, RagstackError
+from raw_http import connect, request_bytes
 from server_metrics import wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -103,16 +104,38 @@ def test_asyncio_client(triton_server, protocol):
     assert answers[0].sources[0].source == context.sources[0].source == "paged_attention.md"
 
 
-@pytest.mark.parametrize("when", [0, 2], ids=["before-the-first-token", "mid-stream"])
-def test_cancelled_rag_queries_stop_their_generation(triton_server, when):
-    """Triton 2.51's BLS cannot cancel the llm request rag_generate sent: rag_generate aborts it by its
-    key (ragstack_abort). Uncancelled, these 16 queries of 400 tokens run about 10 s here; cancelled,
-    the llm is idle again within its 1 s metrics refresh."""
+def test_a_rag_query_cancelled_before_its_generation_starts_generates_nothing(triton_server):
+    """Triton 2.51's ensemble passes a cancellation on to the steps it schedules after it (not to one
+    already running: test_an_http_rag_query_ends_when_its_client_goes_away shows the way around that).
+    rag_generate sees it and aborts its llm request by its key (ragstack_abort); uncancelled, these 16
+    queries of 400 tokens run about 10 s here."""
     tensors = load_gen.rag_tensors("How does paged attention store the KV cache?", 400)
     outcomes, _ = asyncio.run(load_gen.run_many(triton_server.grpc_url, "rag", [tensors] * 16, 60,
-                                                cancel_after=[when] * 16))
+                                                cancel_after=[0] * 16))
     assert all(o.status == load_gen.CANCELLED for o in outcomes), load_gen.summarize(outcomes, 1)
     cancelled = time.monotonic()
     for gauge in ("triton_llm_num_requests_running", "triton_llm_kv_cache_blocks_used"):
         wait_for_metric(triton_server.metrics_url, gauge, "llm", lambda v: v == 0, timeout_s=5)
     assert time.monotonic() - cancelled < 2.5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answers-once", "streamed"])
+def test_an_http_rag_query_ends_when_its_client_goes_away(triton_server, stream):
+    """Through the gateway, which has the llm abort the query's generation by its cancel key: Triton 2.51
+    notices a closed connection only after a first response (a single answer is also the last), and
+    does not pass an ensemble's cancellation on to a step already running (rag_generate)."""
+    body = json.dumps({"query": "How does paged attention store the KV cache?", "max_tokens": 400, "stream": stream,
+                       "parameters": {"ignore_eos": True}}).encode()
+    path = "/v2/models/rag/generate_stream" if stream else "/v2/models/rag/generate"
+    wait_for_metric(triton_server.metrics_url, "triton_llm_num_requests_running", "llm", lambda v: v == 0)
+    socks = [connect(triton_server.http_url) for _ in range(8)]
+    for sock in socks:
+        sock.sendall(request_bytes("POST", path, body, {"Content-Type": "application/json"}))
+    wait_for_metric(triton_server.metrics_url, "triton_llm_num_requests_running", "llm", lambda v: v == 8,
+                    timeout_s=60)
+    for sock in socks:
+        sock.close()
+    gone = time.monotonic()
+    wait_for_metric(triton_server.metrics_url, "triton_llm_num_requests_running", "llm", lambda v: v == 0,
+                    timeout_s=10)
+    assert time.monotonic() - gone < 2.5  # uncancelled, these run about 4 s here

@@ -1,11 +1,11 @@
 """The gateway's request handler and server: every request's body is read and checked (request_body),
-`/livez` probes Triton (livez), and every other request is relayed as it is (upstream). Connections
-are admitted by `admission`.
+generate bodies are typed and given a cancel key (generate_body), `/livez` probes Triton (livez), and
+every request is relayed (upstream). Connections are admitted by `admission`.
 
 aiohttp's low-level server cancels a handler when its client's connection closes
 (handler_cancellation), which closes the handler's connection to Triton in turn. Triton 2.51 cancels
-the request once it sees that close, which it does only after the request's first response: a
-streamed generation ends, a request that answers once runs to its end (docs/operations.md).
+the request once it sees that close, which it does only after the request's first response; for a
+generate request that answers once, the gateway has the llm abort it by its cancel key.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from aiohttp import web
 from ragstack.gateway import request_body
 from ragstack.gateway.admission import Admission, Gate
 from ragstack.gateway.errors import GatewayError
+from ragstack.gateway.generate_body import GENERATE, GenerateBodies
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.gateway.livez import Livez
 from ragstack.gateway.upstream import Upstream, relay
@@ -33,6 +34,7 @@ class Gateway:
         self.limits = limits
         self.held = request_body.Held(limits)
         self.upstream = Upstream(upstream_address, limits)
+        self.bodies = GenerateBodies(self.upstream.session, upstream_address)
         self.livez = Livez(upstream_address, key, limits.livez_timeout_s)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -43,8 +45,18 @@ class Gateway:
                 return await self.livez.handle(request)
             async with request_body.read(request, self.limits, self.held) as body:
                 content_type = request_body.check(body, request.headers, self.limits)
-                async with self.upstream.exchange(request, request.rel_url.raw_path_qs, body, content_type) as response:
-                    return await relay(request, response, self.limits)
+                generate = GENERATE.match(request.rel_url.path) if request.method == "POST" else None
+                key = None
+                if generate and content_type == request_body.JSON:
+                    body, key = await self.bodies.prepare(generate.group(1), generate.group(2), body)
+                try:
+                    async with self.upstream.exchange(request, request.rel_url.raw_path_qs, body,
+                                                      content_type) as response:
+                        return await relay(request, response, self.limits)
+                except asyncio.CancelledError:  # the client went away
+                    if key is not None:
+                        self.bodies.abort_later(generate.group(1), key)
+                    raise
         except GatewayError as exc:
             return exc.response()
 

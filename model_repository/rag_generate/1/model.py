@@ -7,11 +7,14 @@ With stream=false the llm answers once and so does this model, in one FINAL resp
 HTTP /generate endpoint requires. Every request ends with exactly one FINAL response.
 
 Triton 2.51's BLS cannot cancel a request it has sent, and loses a decoupled callee's error response
-that follows its first response. So each llm request carries a key of ours (request parameter
-ragstack_cancel_key): when the client cancels (or goes away), the watcher ends the request and sends
-the llm a control request with that key (ragstack_abort), which frees the generation at the llm's
-next step; and the llm is asked to send its errors as data (ragstack_errors_in_band: an `error`
-output, JSON code and message), which this model turns back into an error response.
+that follows its first response. So each llm request carries a key (request parameter
+ragstack_cancel_key: the caller's, such as the HTTP gateway's, or a new one): when this request is
+cancelled, the watcher ends it and sends the llm a control request with that key (ragstack_abort),
+which frees the generation at the llm's next step; a caller holding the key can do the same. (The
+`rag` ensemble passes a client's cancellation on only to steps it schedules after it, so a gRPC
+client that cancels mid-stream is not seen here; the gateway aborts by the key.) The llm is asked
+to send its errors as data (ragstack_errors_in_band: an `error` output, JSON code and message), which
+this model turns back into an error response.
 
 Each relay runs in a thread of its own, watched by the pool thread that holds the request's
 max_inflight slot: after llm_idle_timeout_s without a response from the llm, the watcher ends the
@@ -66,7 +69,9 @@ class TritonPythonModel:
     def _relay(self, request, sender):
         """Runs in the pool: starts the relay and waits for it, for the client to cancel, or for the
         llm to go silent."""
-        relay = _Relay(sender)
+        # The caller's key (the HTTP gateway's) names the llm request too, so the caller can abort it.
+        key = json.loads(request.parameters() or "{}").get(CANCEL_KEY) or uuid.uuid4().hex
+        relay = _Relay(sender, str(key))
         threading.Thread(target=self._forward, args=(request, relay), daemon=True, name="rag_generate-relay").start()
         try:
             while not relay.done.wait(0.25):
@@ -145,9 +150,9 @@ class _Relay:
     """One request's responses to the client: the relay thread's, or the watcher's error once it gives
     up. After a FINAL nothing more is sent, whoever tries."""
 
-    def __init__(self, sender):
+    def __init__(self, sender, key: str):
         self.sender = sender
-        self.key = uuid.uuid4().hex  # names the llm request (CANCEL_KEY)
+        self.key = key  # names the llm request (CANCEL_KEY)
         self.done = threading.Event()
         self.last_response = time.monotonic()
         self._lock = threading.Lock()
