@@ -21,7 +21,7 @@ import tritonclient.grpc.aio as aio_grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from server_helpers import settled
+from server_helpers import http_post, settled
 from server_metrics import metric_value, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -292,3 +292,21 @@ def test_a_vllm_backend_model_folder_loads_from_its_model_json(triton_server):
 def test_a_model_json_that_cannot_be_honoured_fails_the_load_naming_why(triton_server, engine_args, message):
     with pytest.raises(InferenceServerException, match=message):
         load_vllm_folder(triton_server.http_url, "vllm_invalid", engine_args)
+
+
+# --- HTTP generate: the same values as the tensors, no 5xx for any of them ---------------------------------
+
+@pytest.mark.parametrize("parameters, status, fragment", [
+    ({"max_tokens": "8", "temperature": "0", "ignore_eos": "true"}, 200, None),  # strings, as vLLM's clients send
+    ({"max_tokens": 8, "stop": '["zzz"]', "top_p": 1}, 200, None),
+    ({"max_tokens": "eight"}, 400, "'parameters.max_tokens' must be an integer for the input's type INT32"),
+    ({"max_tokens": "99999999999"}, 400, "'parameters.max_tokens' = 99999999999 is out of range for INT32"),
+    ({"temperature": "hot"}, 400, "'temperature' must be a number or a numeric string, got 'hot'"),
+    ({"stream": "maybe"}, 400, "'parameters.stream' must be true or false"),
+])
+def test_http_generate_takes_string_values_and_refuses_bad_ones_with_400(triton_server, parameters, status, fragment):
+    body = {"text_input": "Hello", "parameters": parameters}
+    got, text = http_post(triton_server.http_url, "/v2/models/llm/generate", body)
+    assert got == status, text
+    if fragment:
+        assert fragment in text, text
