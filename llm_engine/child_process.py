@@ -5,7 +5,7 @@ parent's lifetime: the child watches it (`read_start_message`) and exits at end 
 parent that dies, even by SIGKILL, leaves no child behind. The child's stderr is relayed line by
 line, with a prefix, to the parent's stderr, and its last lines are kept for the error the parent
 raises when the child fails. Used for the tensor-parallel workers (worker_group.py) and the
-engine process (engine_client.py).
+engine process (engine/process_client.py).
 """
 from __future__ import annotations
 

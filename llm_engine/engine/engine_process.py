@@ -1,5 +1,5 @@
 """The engine in a process of its own: `python -m llm_engine.engine.engine_process`, started by
-EngineProcessClient (engine_client.py), which serves the requests.
+EngineProcessClient (process_client.py), which serves the requests.
 
 Why: the serving process has threads that hold the GIL for long stretches (Triton's Python-backend
 stub holds it for each response's IPC round trip, ~1 ms); an engine loop among them stalls on every
@@ -9,7 +9,7 @@ the loop has an interpreter of its own.
 The start message (stdin, child_process.py) holds the EngineConfig and the number of this process's
 end of a socket pair. The process builds the engine (tensor-parallel ranks 1.. are its children),
 warms it up (every kernel variant compiled, CUDA graphs captured), says READY, and runs the
-EngineLoop in its main thread, one STEP message per pass (engine_protocol.py); a reader thread
+EngineLoop in its main thread, one STEP message per pass (protocol.py); a reader thread
 takes the front end's messages into the loop's inbox. End of file on the socket or on stdin means
 the front end is gone: the process exits at once. A failure to start ends it with the traceback on
 stderr, which the front end quotes.

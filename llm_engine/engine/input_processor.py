@@ -1,7 +1,7 @@
 """Request validation and tokenization: prompt and sampling parameters in, an EngineRequest out.
 
 It needs only the tokenizer and two limits, no model: LLMEngine runs it for its own requests, and
-the engine process's front end (engine_client.py) runs it in the serving process, so bad input
+every EngineClient (client.py) runs it in the serving process, so bad input
 raises at once in the caller and only validated requests cross to the engine. Safe from any thread.
 """
 from __future__ import annotations

@@ -234,7 +234,7 @@ def paged_decode_attention(
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
         # A register cap (data: launch_configs) that buys a resident block per SM; whether it spills
-        # depends on the Triton version (scripts/kernel_report.py tells, on the CPU).
+        # depends on the Triton version (benchmarks/kernel_report.py tells, on the CPU).
         maxnreg=params["maxnreg"],
     )
     return out
