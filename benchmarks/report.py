@@ -38,6 +38,7 @@ BENCHMARKS = (  # in the page's order
     Benchmark("reload", "bench_reload", "LLM unload / load cycles"),
     Benchmark("embed", "bench_embed", "Embedding through Triton vs in-process"),
     Benchmark("gateway", "bench_gateway", "HTTP through the gateway vs Triton directly"),
+    Benchmark("grammar", "bench_grammar", "Grammar engines for structured output: xgrammar vs llguidance"),
     Benchmark("rag", "bench_rag", "RAG query", transpose=True),
     Benchmark("load", "load_test", "Load and overload", transpose=True),
 )
