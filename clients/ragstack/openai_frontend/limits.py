@@ -1,0 +1,56 @@
+"""The OpenAI frontend's limits: what each guards, its default, and its flag. `ragstack serve` and
+`python -m ragstack.openai_frontend` take the same flags (add_arguments); the launcher passes them on
+(to_args). A request past one is answered 400 naming the field, its size and the limit's name
+(413 for the body, 503 with Retry-After for max_inflight)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+
+
+def _knob(default, help_text: str):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class FrontendLimits:
+    # A 1 MiB prompt (the llm's max_prompt_bytes) escaped in JSON at up to 3 bytes a byte, plus the rest:
+    # the HTTP gateway's cap. Checked before a byte is parsed.
+    max_body_bytes: int = _knob(4 << 20, "largest request body in bytes (413 beyond)")
+    # Python's JSON parser recurses; OpenAI bodies nest 5 deep (messages, content parts, ...).
+    max_json_depth: int = _knob(32, "deepest JSON nesting of a request body")
+    max_inflight: int = _knob(1024, "requests served at once; past it 503 with Retry-After")
+    # Each choice is one llm request: n, or prompts x n for completions.
+    max_choices: int = _knob(64, "choices one request may ask for (n, or prompts x n)")
+    max_messages: int = _knob(1024, "chat messages per request")
+    max_text_chars: int = _knob(1 << 20, "characters of one text: a message, a prompt, an input, a document")
+    max_stop: int = _knob(16, "stop strings (and stop_token_ids) per request")
+    max_embedding_inputs: int = _knob(2048, "inputs of one embeddings request")
+    max_rerank_documents: int = _knob(1024, "documents of one rerank request")
+    # The embed and rerank tokenizers' max_texts: larger requests are sent in batches of this size.
+    embed_batch: int = _knob(32, "texts per request to the embed ensemble")
+    rerank_batch: int = _knob(64, "documents per request to the rerank ensemble")
+
+    def __post_init__(self):
+        for knob in fields(self):
+            value = getattr(self, knob.name)
+            if not value > 0:
+                raise ValueError(f"OpenAI frontend limit {knob.name} must be > 0, got {value!r}")
+
+    def to_args(self) -> list[str]:
+        return [arg for knob in fields(self) for arg in (_flag(knob.name), str(getattr(self, knob.name)))]
+
+
+def _flag(name: str) -> str:
+    return "--openai-" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("OpenAI frontend limits (docs/operations.md)")
+    for knob in fields(FrontendLimits):
+        group.add_argument(_flag(knob.name), dest=f"openai_{knob.name}", type=type(knob.default),
+                           default=knob.default, help=f"{knob.metadata['help']} (default {knob.default})")
+
+
+def from_args(args: argparse.Namespace) -> FrontendLimits:
+    return FrontendLimits(**{knob.name: getattr(args, f"openai_{knob.name}") for knob in fields(FrontendLimits)})

@@ -1,0 +1,103 @@
+"""The llm's `logprobs` output in OpenAI's two shapes (chat's `content` list, completions' four lists).
+
+The llm sends, per response, one object per new token: `{token id: {logprob, rank, decoded_token}}`
+over its N most likely tokens (ranks 1..N, in order) and the sampled token. A sampled token outside
+the top N is the last entry; one inside it shares its entry, and nothing marks which it is. The
+sampled tokens' `decoded_token`s add up to the text, so that is what tells them apart (Matcher).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Alternative:
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[Alternative]     # the N most likely, most likely first
+
+
+class Matcher:
+    """One choice's tokens, response by response: which entry was sampled."""
+
+    def __init__(self, top_n: int):
+        self.top_n = top_n
+        self._unmatched = ""   # text not yet accounted for by a sampled token
+
+    def add(self, raw: bytes | str, text: str) -> list[TokenLogprob]:
+        entries = json.loads(raw) or []
+        candidates = [self._candidates(entry) for entry in entries]
+        self._unmatched += text
+        picks = _spell(candidates, self._unmatched)
+        if picks is None:   # e.g. a stop string cut from the text: the most likely that fit, in order
+            picks = [next((c for c in options if self._unmatched.startswith(c[0])), options[0]) for options in candidates]
+        for token, _ in picks:
+            self._unmatched = self._unmatched[len(token):] if self._unmatched.startswith(token) else ""
+        return [TokenLogprob(token, logprob, [Alternative(t, lp) for t, lp in options[:self.top_n]])
+                for (token, logprob), options in zip(picks, (self._top(entry) for entry in entries))]
+
+    def _candidates(self, entry: dict) -> list[tuple[str, float]]:
+        """The entries that may be the sampled token: the last alone when there are N + 1."""
+        values = [(v["decoded_token"], v["logprob"]) for v in entry.values()]
+        return values[-1:] if len(values) > self.top_n else values
+
+    @staticmethod
+    def _top(entry: dict) -> list[tuple[str, float]]:
+        return [(v["decoded_token"], v["logprob"]) for v in entry.values()]
+
+
+def _spell(candidates: list[list[tuple[str, float]]], text: str) -> list[tuple[str, float]] | None:
+    """One candidate per token whose texts, in order, spell `text`, or else a prefix of it (the llm
+    holds back text it may still cut at a stop string); the most likely first."""
+    return _search(candidates, text, whole=True) or _search(candidates, text, whole=False)
+
+
+def _search(candidates: list[list[tuple[str, float]]], text: str, whole: bool) -> list[tuple[str, float]] | None:
+    """Depth-first over the tokens, iteratively (a response may hold thousands), remembering the
+    (token, position) pairs that lead nowhere."""
+    n = len(candidates)
+    picks, starts, failed = [-1] * n, [0] * (n + 1), set()
+    i = 0
+    while i >= 0:
+        if i == n:
+            if not whole or starts[n] == len(text):
+                return [candidates[k][picks[k]] for k in range(n)]
+            failed.add((n, starts[n]))
+            i -= 1
+            continue
+        at, k = starts[i], picks[i] + 1
+        while k < len(candidates[i]) and not (text.startswith(candidates[i][k][0], at)
+                                              and (i + 1, at + len(candidates[i][k][0])) not in failed):
+            k += 1
+        if k == len(candidates[i]):
+            failed.add((i, at))
+            picks[i] = -1
+            i -= 1
+        else:
+            picks[i], starts[i + 1] = k, at + len(candidates[i][k][0])
+            i += 1
+    return None
+
+
+def chat_content(tokens: list[TokenLogprob]) -> list[dict]:
+    """Chat's `logprobs.content` items."""
+    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+             "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
+                              for a in t.top]} for t in tokens]
+
+
+def completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
+    """Completions' `logprobs`; `offset`: where the first token starts in the choice's text."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{a.token: a.logprob for a in t.top} for t in tokens], "text_offset": offsets}
