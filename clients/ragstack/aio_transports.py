@@ -1,14 +1,19 @@
 """asyncio gRPC (tritonclient.grpc.aio) and HTTP (tritonclient.http.aio, aiohttp for SSE)
-transports; the same methods as ragstack.transports, as coroutines and async iterators."""
+transports; the same methods as ragstack.transports, as coroutines and async iterators, with the same
+errors (the probe of a port that did not answer runs in a thread)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import AsyncIterator
 
 import numpy as np
 
-from ragstack.results import ModelInfo, RagstackError, code_from_grpc, code_from_http
-from ragstack.transports import error_text, infer_inputs, model_infos, json_inputs, split_url
+from ragstack.error_codes import code_from_http
+from ragstack.reachability import address
+from ragstack.results import ModelInfo, RagstackError
+from ragstack.transports import (error_text, generate_error, grpc_error, infer_inputs, json_inputs, model_infos,
+                                 split_url, unanswered)
 
 
 class AsyncGrpcTransport:
@@ -20,8 +25,12 @@ class AsyncGrpcTransport:
         import tritonclient.grpc.aio as grpcaio  # noqa: PLC0415
 
         self._module = grpcclient
+        self.host, self.port = split_url(url, "grpc")
         self.timeout_s, self.headers = timeout_s, headers
-        self._client = grpcaio.InferenceServerClient(url)
+        self._client = grpcaio.InferenceServerClient(address(self.host, self.port))
+
+    async def _error(self, message: str, status: str | None) -> RagstackError:
+        return await asyncio.to_thread(grpc_error, message, status, self.host, self.port)
 
     async def _call(self, coro):
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
@@ -29,7 +38,7 @@ class AsyncGrpcTransport:
         try:
             return await coro
         except InferenceServerException as exc:
-            raise RagstackError(exc.message(), code_from_grpc(exc.status())) from None
+            raise await self._error(exc.message(), exc.status()) from None
 
     async def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = await self._call(self._client.infer(model, infer_inputs(self._module, tensors),
@@ -40,18 +49,23 @@ class AsyncGrpcTransport:
                      parameters: dict | None = None) -> AsyncIterator[dict]:
         """One request on a gRPC stream. The request iterator ends after the request, so the server
         closes the stream after the request's last response; an abandoned iteration cancels it."""
+        import grpc  # noqa: PLC0415
+
         async def one_request():
             yield {"model_name": model, "inputs": infer_inputs(self._module, tensors), "parameters": parameters}
 
         responses = self._client.stream_infer(one_request(), stream_timeout=self.timeout_s)
         finished = False
         try:
-            async for result, error in responses:
-                if error is not None:
-                    raise RagstackError(error.message(), code_from_grpc(error.status()))
-                outputs = {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
-                if outputs:
-                    yield outputs
+            try:
+                async for result, error in responses:
+                    if error is not None:
+                        raise await self._error(error.message(), error.status())
+                    outputs = {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
+                    if outputs:
+                        yield outputs
+            except grpc.RpcError as exc:  # the stream itself failed (tritonclient passes it on as it is)
+                raise await self._error(exc.details(), str(exc.code())) from None
             finished = True
         finally:
             if not finished:
@@ -83,20 +97,25 @@ class AsyncHttpTransport:
         import tritonclient.http.aio as httpaio  # noqa: PLC0415
 
         self._module = httpclient
-        self.host, self.port = split_url(url, 8000)
+        self.host, self.port = split_url(url, "http")
         self.timeout_s, self.headers = timeout_s, headers
-        self._client = httpaio.InferenceServerClient(f"{self.host}:{self.port}", conn_timeout=timeout_s)
+        self._client = httpaio.InferenceServerClient(address(self.host, self.port), conn_timeout=timeout_s)
         self._session = None
 
+    async def _unanswered(self, exc: Exception) -> RagstackError:
+        return await asyncio.to_thread(unanswered, "http", self.host, self.port,
+                                       f"HTTP {address(self.host, self.port)}: {exc}")
+
     async def _call(self, coro):
+        import aiohttp  # noqa: PLC0415
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
         try:
             return await coro
         except InferenceServerException as exc:
             raise RagstackError(exc.message(), code_from_http(exc.status())) from None
-        except OSError as exc:
-            raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
+        except (OSError, aiohttp.ClientError) as exc:  # refused, reset, not HTTP: no answer
+            raise await self._unanswered(exc) from None
 
     async def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = await self._call(self._client.infer(model, infer_inputs(self._module, tensors),
@@ -112,11 +131,11 @@ class AsyncHttpTransport:
             body["parameters"] = parameters
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s))
-        url = f"http://{self.host}:{self.port}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
+        url = f"http://{address(self.host, self.port)}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
         try:
             async with self._session.post(url, json=body) as response:
                 if response.status != 200:
-                    raise RagstackError(error_text(await response.read()), code_from_http(response.status))
+                    raise generate_error(error_text(await response.read()), response.status)
                 if not stream:
                     yield json.loads(await response.read())
                     return
@@ -125,10 +144,10 @@ class AsyncHttpTransport:
                         continue
                     event = json.loads(line[5:])
                     if "error" in event:
-                        raise RagstackError(str(event["error"]), "UNKNOWN")
+                        raise generate_error(str(event["error"]), None)
                     yield event
-        except aiohttp.ClientError as exc:
-            raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
+        except (OSError, aiohttp.ClientError) as exc:
+            raise await self._unanswered(exc) from None
 
     async def models(self) -> list[ModelInfo]:
         return model_infos(await self._call(self._client.get_model_repository_index(headers=dict(self.headers))))

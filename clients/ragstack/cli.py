@@ -44,7 +44,7 @@ def make_parser() -> argparse.ArgumentParser:
         ("query", "cli_query", "ask the rag ensemble; prints the answer as it streams, then its sources"),
         ("embed", "cli_embed", "embed texts (JSON lines)"),
         ("rerank", "cli_rerank", "score passages against a query, best first"),
-        ("models", "cli_models", "list, load, unload or reload models (repository API)"),
+        ("models", "cli_models", "list, show, load, unload or reload models (repository API)"),
         ("index", "cli_index", "build or list retriever index versions"),
         ("bench", "cli_bench", "benchmark rag queries against a running server, with a per-step breakdown"),
     ]:

@@ -25,7 +25,10 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 def connect(args: argparse.Namespace):
     from ragstack.client import RagClient  # noqa: PLC0415
 
-    return RagClient(args.url, args.protocol, timeout_s=args.timeout)
+    try:
+        return RagClient(args.url, args.protocol, timeout_s=args.timeout)
+    except ValueError as exc:  # a --url (or $RAGSTACK_URL) that is not host:port
+        raise UsageError(str(exc)) from None
 
 
 def run_reporting(name: str, body: Callable[[], int]) -> int:

@@ -2,24 +2,21 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# Triton status codes (TRITONSERVER_Error_Code) as the two protocols carry them.
-_GRPC_CODES = {
-    "INVALID_ARGUMENT": "INVALID_ARG", "NOT_FOUND": "NOT_FOUND", "UNAVAILABLE": "UNAVAILABLE",
-    "INTERNAL": "INTERNAL", "CANCELLED": "CANCELLED", "UNIMPLEMENTED": "UNSUPPORTED",
-    "ALREADY_EXISTS": "ALREADY_EXISTS", "DEADLINE_EXCEEDED": "UNAVAILABLE", "UNKNOWN": "UNKNOWN",
-}
-_HTTP_CODES = {400: "INVALID_ARG", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 499: "CANCELLED",
-               500: "INTERNAL", 501: "UNSUPPORTED", 503: "UNAVAILABLE"}
+# Triton's words for a status code at the start of a reason ("Internal: ValueError: ...").
+_STATUS_PREFIX = re.compile("^(?:Internal|Invalid argument|Not found|Unavailable|Unknown|Already exists|"
+                            "Unsupported): ")
 
 
 class RagstackError(Exception):
     """A failed request. `code` is Triton's status code: INVALID_ARG, NOT_FOUND, UNAVAILABLE,
-    INTERNAL, CANCELLED, UNSUPPORTED, ALREADY_EXISTS or UNKNOWN (e.g. an SSE error event, which
-    carries no status)."""
+    INTERNAL, CANCELLED, UNSUPPORTED, ALREADY_EXISTS, or UNKNOWN where Triton sent none and the
+    message is of no family ragstack.error_codes knows. No answer from the server is UNAVAILABLE,
+    with a message naming the likely cause (ragstack.reachability)."""
 
     def __init__(self, message: str, code: str = "UNKNOWN"):
         super().__init__(f"[{code}] {message}")
@@ -27,24 +24,25 @@ class RagstackError(Exception):
         self.code = code
 
 
-def code_from_grpc(status: str | None) -> str:
-    name = (status or "").rsplit(".", 1)[-1]   # "StatusCode.INVALID_ARGUMENT"
-    return _GRPC_CODES.get(name, "UNKNOWN")
-
-
-def code_from_http(status: int | str | None) -> str:
-    try:
-        return _HTTP_CODES.get(int(status), "UNKNOWN")
-    except (TypeError, ValueError):
-        return "UNKNOWN"
-
-
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
     version: str
     state: str
-    reason: str = ""
+    reason: str = ""             # why it is not READY: Triton's whole text, tracebacks included
+
+    @property
+    def short_reason(self) -> str:
+        return last_meaningful_line(self.reason)
+
+
+def last_meaningful_line(text: str) -> str:
+    """A failed load's reason in one line: the exception that failed it, without the stack the Python
+    backend appends ("At: ...") or a quoted traceback's frames (indented lines)."""
+    head, at, _ = text.rpartition("\nAt:\n")
+    lines = [line.rstrip() for line in (head if at else text).splitlines()
+             if line.strip() and not line[0].isspace() and line.strip() != ";"]
+    return _STATUS_PREFIX.sub("", lines[-1]) if lines else ""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Both return outputs as {name: value}: numpy arrays from tensors (gRPC, HTTP infer), JSON values
 from the HTTP generate endpoints; `client.text_of` reads either. Every failure is a RagstackError
-carrying Triton's status code.
+carrying Triton's status code (ragstack.error_codes, also where Triton drops it); a request that no
+server answered is UNAVAILABLE, with the likely cause (ragstack.reachability).
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ragstack.results import ModelInfo, RagstackError, code_from_grpc, code_from_http
+from ragstack.client import DEFAULT_PORTS
+from ragstack.error_codes import code_from_grpc, code_from_http, code_from_message
+from ragstack.reachability import address, explain
+from ragstack.results import ModelInfo, RagstackError
 
 _DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
            np.dtype(np.bool_): "BOOL", np.dtype(object): "BYTES"}
@@ -41,9 +45,38 @@ def json_inputs(tensors: dict[str, np.ndarray]) -> dict:
     return body
 
 
-def split_url(url: str, default_port: int) -> tuple[str, int]:
+def split_url(url: str, protocol: str) -> tuple[str, int]:
+    """The host and port of `url`: host:port, also written http://host:port or grpc://host:port."""
     parts = urlsplit(url if "://" in url else f"//{url}")
-    return parts.hostname or "localhost", parts.port or default_port
+    if parts.scheme in ("https", "grpcs"):
+        raise ValueError(f"{url}: the ragstack client connects without TLS; give the server's own host:port")
+    if parts.scheme not in ("", "http", "grpc") or parts.path not in ("", "/"):
+        raise ValueError(f"{url}: give the server as host:port, e.g. localhost:{DEFAULT_PORTS[protocol]}")
+    try:
+        return parts.hostname or "localhost", parts.port or DEFAULT_PORTS[protocol]
+    except ValueError:  # a port that is not a number
+        raise ValueError(f"{url}: the port is not a number; give host:port") from None
+
+
+def unanswered(protocol: str, host: str, port: int, message: str) -> RagstackError:
+    """A request to host:port that may have had no server to answer it: the likely cause, or `message`
+    where the port does speak `protocol`."""
+    return RagstackError(explain(protocol, host, port) or message, "UNAVAILABLE")
+
+
+def grpc_error(message: str, status: str | None, host: str, port: int) -> RagstackError:
+    """A gRPC failure. Without a status it is an error inside a stream (Triton sends only the message);
+    UNAVAILABLE is also what gRPC says when no server answered, which the probe tells apart."""
+    if status is None:
+        return RagstackError(message, code_from_message(message) or "UNKNOWN")
+    code = code_from_grpc(status)
+    return unanswered("grpc", host, port, message) if code == "UNAVAILABLE" else RagstackError(message, code)
+
+
+def generate_error(message: str, status: int | None) -> RagstackError:
+    """An error of the generate endpoints: a decoupled model's answers 400 whatever its code, and an
+    SSE error event (status None) has none."""
+    return RagstackError(message, code_from_message(message) or code_from_http(status))
 
 
 def model_infos(index) -> list[ModelInfo]:
@@ -59,8 +92,12 @@ class GrpcTransport:
         import tritonclient.grpc as grpcclient  # noqa: PLC0415 - keep `ragstack --help` fast
 
         self._module = grpcclient
-        self.url, self.timeout_s, self.headers = url, timeout_s, headers
-        self._client = grpcclient.InferenceServerClient(url)
+        self.host, self.port = split_url(url, "grpc")
+        self.url, self.timeout_s, self.headers = address(self.host, self.port), timeout_s, headers
+        self._client = grpcclient.InferenceServerClient(self.url)
+
+    def _error(self, exc) -> RagstackError:
+        return grpc_error(exc.message(), exc.status(), self.host, self.port)
 
     def _call(self, fn, *args, **kwargs):
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
@@ -68,7 +105,7 @@ class GrpcTransport:
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
-            raise RagstackError(exc.message(), code_from_grpc(exc.status())) from None
+            raise self._error(exc) from None
 
     def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = self._call(self._client.infer, model, infer_inputs(self._module, tensors),
@@ -80,13 +117,21 @@ class GrpcTransport:
         """Responses of one request on a gRPC stream (decoupled models); an abandoned iteration
         cancels the request on the server. `stream` matters to HTTP only (which endpoint): over gRPC
         the model's `stream` input decides how many responses come."""
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
         client = self._module.InferenceServerClient(self.url)  # one stream per client object
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:
-            self._call(client.async_stream_infer, model, infer_inputs(self._module, tensors),
-                       parameters=parameters, enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(model, infer_inputs(self._module, tensors), parameters=parameters,
+                                          enable_empty_final_response=True)
+            except InferenceServerException as exc:  # the stream failed before the request went out:
+                finished = True                       # its callback has the cause
+                with contextlib.suppress(queue.Empty):
+                    exc = responses.get(timeout=5)[1] or exc
+                raise self._error(exc) from None
             while not finished:
                 try:
                     result, error = responses.get(timeout=self.timeout_s)
@@ -94,7 +139,7 @@ class GrpcTransport:
                     raise RagstackError(f"{model}: no response within {self.timeout_s:.0f} s", "UNAVAILABLE") from None
                 if error is not None:
                     finished = True  # an error is the request's last response
-                    raise RagstackError(error.message(), code_from_grpc(error.status()))
+                    raise self._error(error)
                 response = result.get_response()
                 finished = response.parameters["triton_final_response"].bool_param
                 outputs = {out.name: result.as_numpy(out.name) for out in response.outputs}
@@ -129,9 +174,9 @@ class HttpTransport:
         import tritonclient.http as httpclient  # noqa: PLC0415
 
         self._module = httpclient
-        self.host, self.port = split_url(url, 8000)
+        self.host, self.port = split_url(url, "http")
         self.timeout_s, self.headers = timeout_s, headers
-        self._client = httpclient.InferenceServerClient(f"{self.host}:{self.port}", connection_timeout=timeout_s,
+        self._client = httpclient.InferenceServerClient(address(self.host, self.port), connection_timeout=timeout_s,
                                                         network_timeout=timeout_s)
 
     def _call(self, fn, *args, **kwargs):
@@ -141,8 +186,8 @@ class HttpTransport:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
             raise RagstackError(exc.message(), code_from_http(exc.status())) from None
-        except OSError as exc:  # refused, reset, timed out: the server is not there
-            raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
+        except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, not HTTP: no answer
+            raise unanswered("http", self.host, self.port, f"HTTP {address(self.host, self.port)}: {exc}") from None
 
     def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = self._call(self._client.infer, model, infer_inputs(self._module, tensors),
@@ -164,19 +209,19 @@ class HttpTransport:
                 conn.request("POST", f"/v2/models/{model}/{endpoint}", body=json.dumps(body),
                              headers={"Content-Type": "application/json"})
                 response = conn.getresponse()
-            except OSError as exc:
-                raise RagstackError(f"HTTP {self.host}:{self.port}: {exc}", "UNAVAILABLE") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise unanswered("http", self.host, self.port, f"HTTP {address(self.host, self.port)}: {exc}") from None
             if response.status != 200:
-                raise RagstackError(error_text(response.read()), code_from_http(response.status))
+                raise generate_error(error_text(response.read()), response.status)
             if not stream:
                 yield json.loads(response.read())
                 return
-            for line in response:
+            for line in _lines(response, self.host, self.port):
                 if not line.startswith(b"data:"):
                     continue
                 event = json.loads(line[5:])
                 if "error" in event:
-                    raise RagstackError(str(event["error"]), "UNKNOWN")  # SSE errors carry no status
+                    raise generate_error(str(event["error"]), None)
                 yield event
         finally:
             conn.close()
@@ -196,6 +241,14 @@ class HttpTransport:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._client.close()
+
+
+def _lines(response: http.client.HTTPResponse, host: str, port: int) -> Iterator[bytes]:
+    """The SSE stream's lines; a connection lost midway is UNAVAILABLE."""
+    try:
+        yield from response
+    except (OSError, http.client.HTTPException) as exc:
+        raise RagstackError(f"HTTP {address(host, port)}: the stream broke off: {exc}", "UNAVAILABLE") from None
 
 
 def error_text(raw: bytes) -> str:

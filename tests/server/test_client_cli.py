@@ -82,8 +82,12 @@ def test_models_errors(capsys, connection):
 def test_request_errors_exit_1(capsys, connection):
     code, _, err = run(capsys, "query", "--context", "paged attention", "--top-k", "0", *connection)
     assert code == 1 and "top_k: 0 is out of range; it must be 1 to 64" in err
+    # an ensemble step's error in a stream: Triton drops its code (gRPC) or answers 400 (HTTP generate)
+    code, _, err = run(capsys, "query", "paged attention", "--sampling", '{"temperature": -1}', *connection)
+    assert (code, err) == (1, "ragstack query: error: [INVALID_ARG] in ensemble 'rag', temperature must be >= 0 "
+                              "(0 = greedy), got -1\n")
     code, _, err = run(capsys, "embed", "x", "--url", f"127.0.0.1:{free_port()}", "--protocol", connection[3])
-    assert code == 1 and "UNAVAILABLE" in err
+    assert code == 1 and "[UNAVAILABLE] nothing listens at" in err   # tests/server/test_client_connection_errors.py
 
 
 def test_query_context(capsys, connection):
