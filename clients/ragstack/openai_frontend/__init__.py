@@ -4,3 +4,5 @@ Triton (tritonclient.grpc.aio; a stream per request for decoupled models), so it
 the bundled server and the nvcr.io image. `python -m ragstack.openai_frontend` runs it; the launcher
 starts one with each server (port 9000 under `ragstack serve`). docs/operations.md, "The OpenAI API".
 """
+
+DEFAULT_PORT = 9000   # `ragstack serve`'s and docker-compose's

@@ -37,11 +37,12 @@ class Matcher:
         self._unmatched += text
         picks = _spell(candidates, self._unmatched)
         if picks is None:   # e.g. a stop string cut from the text: the most likely that fit, in order
-            picks = [next((c for c in options if self._unmatched.startswith(c[0])), options[0]) for options in candidates]
+            picks = [next((c for c in options if self._unmatched.startswith(c[0])), options[0])
+                     for options in candidates]
         for token, _ in picks:
             self._unmatched = self._unmatched[len(token):] if self._unmatched.startswith(token) else ""
         return [TokenLogprob(token, logprob, [Alternative(t, lp) for t, lp in options[:self.top_n]])
-                for (token, logprob), options in zip(picks, (self._top(entry) for entry in entries))]
+                for (token, logprob), options in zip(picks, map(self._top, entries), strict=True)]
 
     def _candidates(self, entry: dict) -> list[tuple[str, float]]:
         """The entries that may be the sampled token: the last alone when there are N + 1."""

@@ -19,4 +19,5 @@ class Usage:
         if not self.counted:
             return None
         prompt = sum(self._prompt)
-        return {"prompt_tokens": prompt, "completion_tokens": self._completion, "total_tokens": prompt + self._completion}
+        return {"prompt_tokens": prompt, "completion_tokens": self._completion,
+                "total_tokens": prompt + self._completion}

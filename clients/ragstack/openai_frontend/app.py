@@ -1,0 +1,109 @@
+"""The OpenAI-compatible API (FastAPI): its routes, every error in OpenAI's shape, the guard (API key,
+requests in flight) and the metrics around them. Triton is reached over gRPC from the app's lifespan."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ragstack import admin_key
+from ragstack.openai_frontend import keys, metrics, models
+from ragstack.openai_frontend.chat import chat_completions
+from ragstack.openai_frontend.completions import completions
+from ragstack.openai_frontend.disconnect import ClientGone
+from ragstack.openai_frontend.embeddings import embeddings
+from ragstack.openai_frontend.errors import APIError, model_not_found
+from ragstack.openai_frontend.frontend import Frontend
+from ragstack.openai_frontend.guard import Guard
+from ragstack.openai_frontend.limits import FrontendLimits
+from ragstack.openai_frontend.rerank import rerank
+from ragstack.openai_frontend.triton import Triton
+
+log = logging.getLogger("ragstack.openai_frontend")
+CLIENT_CLOSED = 499   # nginx's status for a request whose client went away: nobody reads it
+
+
+def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None, key: str | None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.frontend = Frontend(Triton(triton_address, key), limits, api_key, key)
+        print(f"[openai] serving the OpenAI API, Triton at gRPC {triton_address}"
+              f"{'; API key required' if api_key else ''}", file=sys.stderr, flush=True)
+        yield
+        await app.state.frontend.triton.close()
+
+    app = FastAPI(title="ragstack OpenAI-compatible API", lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None)
+    app.add_middleware(Guard, max_inflight=limits.max_inflight, api_key=api_key)
+    app.add_middleware(metrics.Metrics)   # outermost: it sees the guard's refusals too
+    app.add_exception_handler(APIError, lambda _request, exc: exc.response())
+    app.add_exception_handler(ClientGone, lambda _request, _exc: Response(status_code=CLIENT_CLOSED))
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
+
+    def route(path: str, handler, methods=("POST",)) -> None:
+        async def endpoint(request: Request) -> Response:
+            return await handler(request, request.app.state.frontend)
+        app.add_api_route(path, endpoint, methods=list(methods), include_in_schema=False)
+
+    for path in ("/v1/rerank", "/rerank"):
+        route(path, rerank)
+    route("/v1/chat/completions", chat_completions)
+    route("/v1/completions", completions)
+    route("/v1/embeddings", embeddings)
+    route("/v1/models", list_models, ("GET",))
+    route("/v1/models/{model_id}", get_model, ("GET",))
+    route("/v1/models/{model_id}/load", load_model)
+    route("/v1/models/{model_id}/unload", unload_model)
+    route("/health", health, ("GET",))
+    app.add_api_route("/metrics", metrics.exposition, methods=["GET"], include_in_schema=False)
+    return app
+
+
+async def list_models(_request: Request, frontend: Frontend) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": await models.listing(frontend.triton)})
+
+
+async def get_model(request: Request, frontend: Frontend) -> JSONResponse:
+    name = request.path_params["model_id"]
+    config = await frontend.triton.config(name)
+    if config is None or models.kind_of(config) is None:
+        raise model_not_found(name)
+    return JSONResponse(models.model_object(name))
+
+
+async def load_model(request: Request, frontend: Frontend) -> JSONResponse:
+    keys.check_admin(request.headers.get(admin_key.HEADER, ""), frontend.admin_key)
+    name = request.path_params["model_id"]
+    await frontend.triton.load(name)
+    return JSONResponse({**models.model_object(name), "loaded": True})
+
+
+async def unload_model(request: Request, frontend: Frontend) -> JSONResponse:
+    keys.check_admin(request.headers.get(admin_key.HEADER, ""), frontend.admin_key)
+    name = request.path_params["model_id"]
+    await frontend.triton.unload(name)
+    return JSONResponse({**models.model_object(name), "loaded": False})
+
+
+async def health(_request: Request, frontend: Frontend) -> JSONResponse:
+    if await frontend.triton.ready():
+        return JSONResponse({"status": "ok"})
+    return APIError(503, f"tritonserver at {frontend.triton.address} is not ready", code="unavailable").response()
+
+
+def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own answers (no such route, a method the route does not take) in OpenAI's shape."""
+    message = {404: f"no route {request.url.path}",
+               405: f"{request.url.path} does not take {request.method}"}.get(exc.status_code, str(exc.detail))
+    return APIError(exc.status_code, message[:300], code="not_found" if exc.status_code == 404 else None).response()
+
+
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("failed: %s %s", request.method, request.url.path)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}"[:500]).response()

@@ -1,0 +1,79 @@
+"""`POST /v1/completions`: an llm model on a prompt used as it is (no chat template); a list of prompts
+gives n choices each, prompt by prompt. `echo` puts the prompt before the answer."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ragstack.openai_frontend import generation, metrics, models, streaming
+from ragstack.openai_frontend.disconnect import unless_gone
+from ragstack.openai_frontend.frontend import Frontend
+from ragstack.openai_frontend.generation import Piece
+from ragstack.openai_frontend.logprobs import completion_logprobs
+from ragstack.openai_frontend.request_body import parse
+from ragstack.openai_frontend.schemas import SAMPLING_KEYS, CompletionRequest
+from ragstack.openai_frontend.usage import Usage
+
+
+async def completions(request: Request, frontend: Frontend) -> Response:
+    body = await parse(request, CompletionRequest, frontend.limits)
+    served = await models.served(frontend.triton, body.model, "completions")
+    metrics.served_model(request, served.name)
+    prompts = body.prompts(frontend.limits)
+    params = {**{key: key for key in SAMPLING_KEYS}, "prompt": "prompt", "text_input": "prompt", "logprobs": "logprobs"}
+    logprobs = body.logprobs is not None
+    requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs), params,
+                                   top_logprobs=body.logprobs)
+                for prompt in prompts for s in generation.seeded(body.sampling(), body.n)]
+    answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
+                    [p for p in prompts for _ in range(body.n)] if body.echo else None,
+                    Usage(True, prompts=len(prompts), n=body.n),
+                    body.stream_options is not None and body.stream_options.include_usage)
+    if body.stream:
+        return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
+    choices = await unless_gone(request, generation.collected(frontend.triton, requests))
+    return JSONResponse(answer.whole(choices))
+
+
+class Answer:
+    """The answer's JSON: whole, or chunk by chunk."""
+
+    def __init__(self, completion_id: str, created: int, model: str, echoed: list[str] | None, usage: Usage,
+                 usage_chunk: bool):
+        self.head = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+        self.echoed, self.usage, self.usage_chunk = echoed, usage, usage_chunk
+        self._length: dict[int, int] = {}   # characters sent so far, per choice: where its next token starts
+
+    def whole(self, choices: list[Piece]) -> dict:
+        out = []
+        for index, choice in enumerate(choices):
+            self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
+            echo = self.echoed[index] if self.echoed else ""
+            out.append({"index": index, "text": echo + choice.text,
+                        "logprobs": completion_logprobs(choice.logprobs, len(echo)) if choice.logprobs is not None
+                        else None, "finish_reason": choice.finish_reason})
+        return {**self.head, "choices": out, "usage": self.usage.as_dict()}
+
+    def piece(self, index: int, piece: Piece) -> dict | None:
+        self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
+        text = piece.text
+        if index not in self._length and self.echoed:
+            text = self.echoed[index] + text
+        start = self._length.get(index, 0)
+        self._length[index] = start + len(text)
+        if not text and piece.finish_reason is None and not piece.logprobs:
+            return None
+        logprobs = completion_logprobs(piece.logprobs, start + len(text) - len(piece.text)) if piece.logprobs else None
+        return self._chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": piece.finish_reason}])
+
+    def end(self) -> list[dict]:
+        return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
+        chunk = {**self.head, "choices": choices}
+        if self.usage_chunk:
+            chunk["usage"] = usage
+        return chunk

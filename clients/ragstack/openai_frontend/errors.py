@@ -1,0 +1,76 @@
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the status a client
+can act on: 400 naming the parameter, 401/403 for keys, 404 for a model, 413 for a body, 503 with
+Retry-After for overload, 500 only for a failure of the server's own.
+
+Triton's errors arrive with a status code (unary calls) or, inside a gRPC stream, with only their
+message (Triton 2.51); ragstack.error_codes reads the code back from the message's family.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ragstack.error_codes import code_from_grpc, code_from_message
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 500: "server_error", 503: "server_error"}
+_STATUS = {"INVALID_ARG": 400, "UNSUPPORTED": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409, "CANCELLED": 499,
+           "UNAVAILABLE": 503, "INTERNAL": 500}
+RETRY_AFTER_S = 1
+# What Triton and our models put before a step's message.
+_WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running inference: )+")
+# A key the llm names as unknown or not implemented: "unknown sampling parameter(s) ['foo']",
+# "sampling_parameters: 'logit_bias' is a vLLM sampling parameter this engine does not implement".
+_NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)'|^(?:sampling_parameters|parameters): '(\w+)'")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self):
+        """A starlette JSONResponse (imported here: `ragstack serve` reads keys.py, which raises these)."""
+        from starlette.responses import JSONResponse  # noqa: PLC0415
+
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == 503 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+    def event(self) -> bytes:
+        """The error as an SSE event, for a stream whose 200 is already sent."""
+        return f"data: {json.dumps(self.body())}\n\n".encode()
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model '{model[:200]}' does not exist or is not ready", "model", "model_not_found")
+
+
+def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | None = None) -> APIError:
+    """A Triton error; `grpc_status` None for one inside a stream. `params` maps a field a message may
+    name (the llm's `max_tokens`, the rag ensemble's `query`) to the request parameter it came from."""
+    code = code_from_grpc(grpc_status) if grpc_status is not None else "UNKNOWN"
+    if code == "UNKNOWN":
+        code = code_from_message(message) or "UNKNOWN"
+    status = _STATUS.get(code, 500)
+    if status == 404:
+        return APIError(404, message, "model", "model_not_found")
+    if status != 400:
+        return APIError(status, message, code=code.lower())
+    return APIError(400, message, _param(message, params or {}))
+
+
+def _param(message: str, params: dict[str, str]) -> str | None:
+    """The request parameter a model's message names: an unknown key it quotes, else the first word
+    of the message that is a field of `params` ("top_p must be ...", "input 'text_input' is ...")."""
+    step = _WRAPPER.sub("", message)
+    named = _NAMED_KEY.search(step)
+    if named:
+        return named.group(1) or named.group(2)
+    return next((params[word] for word in re.findall(r"[A-Za-z_]\w*", step.split(";")[0]) if word in params), None)
+
+
+def unreachable(address: str, detail: str) -> APIError:
+    return APIError(503, f"tritonserver at {address} did not answer: {detail}", code="unavailable")

@@ -1,0 +1,161 @@
+"""Choices: one llm or `rag` request each, read as Pieces; n of them run at once.
+
+An llm request is cancelled by closing its gRPC stream (Triton cancels it, the llm frees its KV). Triton
+2.51's ensemble does not pass a mid-stream cancellation to rag_generate's running step, so a `rag`
+request also carries a cancel key, and a choice given up sends the llm behind it an abort by that key.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ragstack.openai_frontend import triton as t
+from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
+from ragstack.openai_frontend.triton import Triton
+
+CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
+_ABORTS: set[asyncio.Task] = set()   # aborts under way: asyncio keeps only weak references to tasks
+
+
+@dataclass
+class Piece:
+    """What one response adds to a choice; pieces added up (`add`) are the whole choice."""
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    sources: list[dict] | None = None
+
+    def add(self, piece: Piece) -> None:
+        self.text += piece.text
+        self.finish_reason = piece.finish_reason or self.finish_reason
+        self.prompt_tokens = piece.prompt_tokens if piece.prompt_tokens is not None else self.prompt_tokens
+        self.completion_tokens += piece.completion_tokens
+        if piece.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + piece.logprobs
+        self.sources = piece.sources if piece.sources is not None else self.sources
+
+
+def _text(outputs: dict, name: str) -> str:
+    value = outputs.get(name)
+    if value is None:
+        return ""
+    return "".join(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in value.reshape(-1))
+
+
+def _count(outputs: dict, name: str) -> int | None:
+    value = outputs.get(name)
+    return int(np.asarray(value).reshape(-1)[0]) if value is not None and value.size else None
+
+
+def _piece(outputs: dict, matcher: Matcher | None) -> Piece:
+    text = _text(outputs, "text_output")
+    reason = _text(outputs, "finish_reason")
+    sources = _text(outputs, "sources")
+    raw = outputs.get("logprobs")
+    return Piece(text=text, finish_reason=reason if reason not in ("", "None") else None,
+                 prompt_tokens=_count(outputs, "num_input_tokens"),
+                 completion_tokens=_count(outputs, "num_output_tokens") or 0,
+                 logprobs=matcher.add(raw.reshape(-1)[0], text) if matcher is not None and raw is not None else None,
+                 sources=json.loads(sources) if sources else None)
+
+
+@dataclass
+class Request:
+    """One choice's request: the model, its input tensors, and the request fields its errors may name."""
+    model: str
+    inputs: dict[str, np.ndarray]
+    params: dict[str, str]
+    top_logprobs: int | None = None   # set: the llm returns logprobs
+    rag: bool = False
+
+
+def llm_inputs(prompt_or_messages: str | list[dict], sampling: dict, stream: bool, logprobs: bool) -> dict:
+    inputs = {"text_input": t.text(prompt_or_messages)} if isinstance(prompt_or_messages, str) else \
+        {"messages": t.text(json.dumps(prompt_or_messages))}
+    inputs.update(stream=t.flag(stream), sampling_parameters=t.text(json.dumps(sampling)),
+                  exclude_input_in_output=t.flag(True), return_finish_reason=t.flag(True),
+                  return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True))
+    if logprobs:
+        inputs["return_logprobs"] = t.flag(True)
+    return inputs
+
+
+def rag_inputs(query: str, sampling: dict, stream: bool) -> dict:
+    return {"query": t.text(query), "stream": t.flag(stream), "sampling_parameters": t.text(json.dumps(sampling))}
+
+
+def seeded(sampling: dict, n: int) -> list[dict]:
+    """n choices' sampling keys: with a seed, seed + i for choice i, so they differ and repeat."""
+    if sampling.get("seed") is None:
+        return [sampling] * n
+    return [{**sampling, "seed": sampling["seed"] + i} for i in range(n)]
+
+
+async def pieces(triton: Triton, request: Request) -> AsyncIterator[Piece]:
+    matcher = Matcher(request.top_logprobs) if request.top_logprobs is not None else None
+    key = uuid.uuid4().hex if request.rag else None
+    try:
+        async with contextlib.aclosing(triton.stream(request.model, request.inputs,
+                                                     {CANCEL_KEY: key} if key else None, request.params)) as responses:
+            async for outputs in responses:
+                yield _piece(outputs, matcher)
+    except (asyncio.CancelledError, GeneratorExit):
+        if key is not None:
+            task = asyncio.get_running_loop().create_task(_abort(triton, request.model, key))
+            _ABORTS.add(task)
+            task.add_done_callback(_ABORTS.discard)
+        raise
+
+
+async def _abort(triton: Triton, model: str, key: str) -> None:
+    """An llm request of ours without inputs, naming the key: the llm behind `model` aborts that request."""
+    with contextlib.suppress(APIError):   # Triton going away: nothing left to abort
+        for llm in await triton.llms_behind(model):
+            async for _ in triton.stream(llm, {}, {ABORT_KEY: key}):
+                pass
+
+
+async def merged(triton: Triton, requests: list[Request]) -> AsyncIterator[tuple[int, Piece]]:
+    """Every choice's pieces as they come, with the choice's index. The first error ends them all and
+    is raised; closing the iterator cancels every choice still running."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def run(index: int, request: Request) -> None:
+        async for piece in pieces(triton, request):
+            await queue.put((index, piece))
+
+    tasks = [asyncio.ensure_future(run(i, r)) for i, r in enumerate(requests)]
+    for task in tasks:
+        task.add_done_callback(queue.put_nowait)
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if isinstance(item, asyncio.Future):
+                running -= 1
+                if not item.cancelled() and item.exception() is not None:
+                    raise item.exception()
+                continue
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def collected(triton: Triton, requests: list[Request]) -> list[Piece]:
+    """Each choice whole."""
+    choices = [Piece() for _ in requests]
+    async with contextlib.aclosing(merged(triton, requests)) as stream:
+        async for index, piece in stream:
+            choices[index].add(piece)
+    return choices

@@ -1,0 +1,67 @@
+"""Which Triton models the OpenAI API serves, and through which endpoint: read from each model's
+tensors, so a model of one's own with the same tensors is served too.
+
+- llm: `text_input` and `messages` in, `text_output` out (backend triton_llm): chat and completions
+- rag: `query` in, `text_output` and `sources` out (the `rag` ensemble): chat, with sources
+- embed: `text` in, `embedding` out (the `embed` ensemble): embeddings
+- rerank: `query` and `passages` in, `scores` out (the `rerank` ensemble): rerank
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ragstack.openai_frontend.errors import APIError, model_not_found
+from ragstack.openai_frontend.triton import Triton
+
+ENDPOINTS = {"llm": ("chat.completions", "completions"), "rag": ("chat.completions",), "embed": ("embeddings",),
+             "rerank": ("rerank",)}
+CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    kind: str
+    dimensions: int | None = None   # an embed model's
+
+
+def kind_of(config: dict) -> Served | None:
+    inputs = {i["name"] for i in config.get("input", [])}
+    outputs = {o["name"]: o for o in config.get("output", [])}
+    name = config.get("name", "")
+    if {"text_input", "messages"} <= inputs and "text_output" in outputs:
+        return Served(name, "llm")
+    if "query" in inputs and {"text_output", "sources"} <= set(outputs):
+        return Served(name, "rag")
+    if inputs == {"text"} and "embedding" in outputs:
+        return Served(name, "embed", int(outputs["embedding"]["dims"][-1]))
+    if inputs == {"query", "passages"} and "scores" in outputs:
+        return Served(name, "rerank")
+    return None
+
+
+async def served(triton: Triton, model: str, endpoint: str) -> Served:
+    """The model, if it is loaded and serves `endpoint`; else 404 (no such model) or 400 (another kind)."""
+    config = await triton.config(model)
+    found = kind_of(config) if config is not None else None
+    if found is None:
+        raise model_not_found(model)
+    if endpoint not in ENDPOINTS[found.kind]:
+        raise APIError(400, f"model '{model}' serves {', '.join(ENDPOINTS[found.kind])}, not {endpoint}", "model")
+    return found
+
+
+async def listing(triton: Triton) -> list[dict]:
+    """The ready models the API serves, as OpenAI's model objects."""
+    names = sorted({m["name"] for m in await triton.index() if m.get("state") == "READY"})
+    found = []
+    for name in names:
+        config = await triton.config(name)
+        if config is not None and kind_of(config) is not None:
+            found.append(model_object(name))
+    return found
+
+
+def model_object(name: str) -> dict:
+    return {"id": name, "object": "model", "created": CREATED, "owned_by": "ragstack"}

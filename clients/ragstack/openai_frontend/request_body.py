@@ -1,0 +1,67 @@
+"""A request's body, bounded before it is parsed: its size (max_body_bytes, counted as it arrives),
+its JSON nesting (max_json_depth, counted without parsing: Python's parser recurses), then its JSON and
+its fields (a pydantic model). Every refusal names the limit or the field."""
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from ragstack.gateway import json_depth
+from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.limits import FrontendLimits
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read(request: Request, limits: FrontendLimits) -> bytes:
+    cap = limits.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {cap} (max_body_bytes)",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise APIError(413, f"the request body is more than {cap} bytes (max_body_bytes)",
+                           code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
+    body = await read(request, limits)
+    found = json_depth.depth(body)
+    if found > limits.max_json_depth:
+        raise APIError(400, f"the request's JSON nests {found} levels deep; the limit is {limits.max_json_depth} "
+                            "(max_json_depth)")
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        param = _param(error["loc"])
+        given = json.dumps(error.get("input"), default=str)
+        given = given if len(given) <= 60 else given[:57] + "..."
+        detail = f"{error['msg']}, got {given}" if error["type"] != "missing" else error["msg"]
+        raise APIError(400, f"{param}: {detail}" if param else detail, param or None) from None
+
+
+def _param(loc: tuple) -> str:
+    """("messages", 0, "content") -> "messages[0].content"; the branches of a union (type names such as
+    "str", "list[str]", "Document") left out."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not (part in ("str", "int", "float", "bool") or "[" in part or part[:1].isupper()):
+            text += f".{part}" if text else part
+    return text

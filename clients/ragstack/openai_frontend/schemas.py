@@ -1,0 +1,215 @@
+"""The request bodies, as OpenAI (and vLLM, for its extra sampling keys and rerank) define them, and
+their size checks. Types are strict (a string is not a number); the values' ranges are the llm's to
+check, so a request means the same here as through Triton's own doors.
+
+Chat and completions requests keep keys they do not declare (`model_extra`): they go to the llm as
+sampling keys, which names the ones it does not know or implement.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.limits import FrontendLimits
+
+# Sampling keys the llm takes under their OpenAI / vLLM names.
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
+                 "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+                 "skip_special_tokens")
+# Structured output and tools come later: refused until then.
+NOT_YET = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Generation(BaseModel):
+    """What chat and completions requests share."""
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None   # accepted, as OpenAI does; not used
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """The llm's sampling keys: those given, and the undeclared ones as they came."""
+        values = {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
+        return {**values, **(self.model_extra or {})}
+
+    def check_sizes(self, limits: FrontendLimits, choices: int, choices_param: str = "n") -> None:
+        if self.n < 1:
+            raise APIError(400, f"n must be at least 1, got {self.n}", "n")
+        if choices > limits.max_choices:
+            raise APIError(400, f"{choices} choices requested; the limit is {limits.max_choices} (max_choices)",
+                           choices_param)
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        for name, values in (("stop", stops), ("stop_token_ids", self.stop_token_ids or [])):
+            if len(values) > limits.max_stop:
+                raise APIError(400, f"{name} has {len(values)} items; the limit is {limits.max_stop} (max_stop)", name)
+        for i, stop in enumerate(stops):
+            _check_text(stop, f"stop[{i}]", limits)
+        for name in NOT_YET:
+            if (self.model_extra or {}).get(name) is not None:
+                raise APIError(400, f"'{name}' is not supported yet (it comes with structured output)", name)
+
+
+class ContentPart(Strict):
+    type: str
+    text: str | None = None
+
+
+class Message(Strict):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None           # accepted, as OpenAI does; the chat template does not take it
+    tool_call_id: str | None = None   # a tool message's, likewise
+    tool_calls: list[Any] | None = None
+
+
+class ChatRequest(Generation):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        values = super().sampling()
+        if self.max_completion_tokens is not None:
+            values["max_tokens"] = self.max_completion_tokens
+        if self.logprobs:
+            values["logprobs"] = self.top_logprobs or 0
+        elif self.top_logprobs is not None:
+            raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+        return values
+
+    def chat(self, limits: FrontendLimits) -> list[dict[str, str]]:
+        """The messages as the llm takes them (role and content), every size checked."""
+        self.check_sizes(limits, self.n)
+        if not self.messages:
+            raise APIError(400, "messages must hold at least one message", "messages")
+        if len(self.messages) > limits.max_messages:
+            raise APIError(400, f"messages has {len(self.messages)} items; the limit is {limits.max_messages} "
+                                "(max_messages)", "messages")
+        return [_message(message, f"messages[{i}]", limits) for i, message in enumerate(self.messages)]
+
+
+class CompletionRequest(Generation):
+    prompt: Any
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        values = super().sampling()
+        if self.logprobs is not None:
+            values["logprobs"] = self.logprobs
+        return values
+
+    def prompts(self, limits: FrontendLimits) -> list[str]:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise APIError(400, "prompt must be a string or a non-empty list of strings (token ids are not "
+                                "supported)", "prompt")
+        self.check_sizes(limits, len(prompts) * max(self.n, 1), "prompt" if len(prompts) > 1 else "n")
+        for i, prompt in enumerate(prompts):
+            _check_text(prompt, f"prompt[{i}]" if len(prompts) > 1 else "prompt", limits)
+        if self.suffix:
+            raise APIError(400, "suffix is not supported (no fill-in-the-middle)", "suffix")
+        if self.echo and self.logprobs is not None:
+            raise APIError(400, "echo with logprobs needs the prompt's logprobs, which this engine does not "
+                                "compute", "echo")
+        return prompts
+
+
+class EmbeddingRequest(Strict):
+    model: str
+    input: Any
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    def texts(self, limits: FrontendLimits) -> list[str]:
+        texts = [self.input] if isinstance(self.input, str) else self.input
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not "
+                                "supported)", "input")
+        if len(texts) > limits.max_embedding_inputs:
+            raise APIError(400, f"input has {len(texts)} items; the limit is {limits.max_embedding_inputs} "
+                                "(max_embedding_inputs)", "input")
+        for i, text in enumerate(texts):
+            _check_text(text, f"input[{i}]", limits)
+        return texts
+
+
+class Document(Strict):
+    text: str
+
+
+class RerankRequest(Strict):
+    model: str
+    query: str
+    documents: list[str | Document]
+    top_n: int | None = None
+    return_documents: bool = True
+
+    def texts(self, limits: FrontendLimits) -> list[str]:
+        if not self.documents:
+            raise APIError(400, "documents must hold at least one document", "documents")
+        if len(self.documents) > limits.max_rerank_documents:
+            raise APIError(400, f"documents has {len(self.documents)} items; the limit is "
+                                f"{limits.max_rerank_documents} (max_rerank_documents)", "documents")
+        if self.top_n is not None and self.top_n < 1:
+            raise APIError(400, f"top_n must be at least 1, got {self.top_n}", "top_n")
+        _check_text(self.query, "query", limits)
+        texts = [d if isinstance(d, str) else d.text for d in self.documents]
+        for i, text in enumerate(texts):
+            _check_text(text, f"documents[{i}]", limits)
+        return texts
+
+
+def _check_text(text: str, param: str, limits: FrontendLimits) -> None:
+    if len(text) > limits.max_text_chars:
+        raise APIError(400, f"{param} is {len(text)} characters; the limit is {limits.max_text_chars} "
+                            "(max_text_chars)", param)
+
+
+def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, str]:
+    if message.tool_calls:
+        raise APIError(400, f"{param}.tool_calls: tool calls are not supported yet (they come with tools)",
+                       f"{param}.tool_calls")
+    if message.content is None:
+        raise APIError(400, f"{param}.content is missing", f"{param}.content")
+    if isinstance(message.content, str):
+        content = message.content
+    else:
+        for j, part in enumerate(message.content):
+            if part.type != "text" or part.text is None:
+                raise APIError(400, f"{param}.content[{j}]: only text parts are supported (this model is not "
+                                    f"multimodal), got type {part.type[:40]!r}", f"{param}.content[{j}]")
+        content = "\n".join(part.text for part in message.content)
+    _check_text(content, f"{param}.content", limits)
+    # OpenAI's newer name for the system role.
+    return {"role": "system" if message.role == "developer" else message.role, "content": content}
