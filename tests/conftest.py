@@ -21,11 +21,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
-    """The project's repositories plus the test fixtures' repository; every model loaded at start."""
+    """The project's repositories plus the test fixtures' repository; every model loaded at start; the
+    OpenAI frontend beside it (`openai_url`)."""
     from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
     from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
-    options = free_server_options(model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY])
+    options = free_server_options(openai=True, model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY])
     server = TritonServer(options, work_dir=tmp_path_factory.mktemp("triton"))
     server.start()
     try:

@@ -16,9 +16,10 @@ T = TypeVar("T")
 FIXTURE_REPOSITORY = Path(__file__).resolve().parent / "fixtures" / "model_repository"
 
 
-def free_server_options(**overrides) -> ServerOptions:
+def free_server_options(openai: bool = False, **overrides) -> ServerOptions:
+    """`openai`: the OpenAI frontend too, on a free port of its own."""
     options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            exit_timeout_s=10)
+                            openai_port=free_port() if openai else 0, exit_timeout_s=10)
     for key, value in overrides.items():
         setattr(options, key, value)
     return options

@@ -8,7 +8,8 @@ libraries on its LD_LIBRARY_PATH only, waits until it is ready, and stops it cle
 
 Triton's HTTP endpoint listens on 127.0.0.1 on a free port; the HTTP gateway (ragstack.gateway, its
 own process in the launcher's process group) listens on the advertised address and HTTP port and
-forwards to it. gRPC and metrics are Triton's own.
+forwards to it. gRPC and metrics are Triton's own. With an OpenAI port, the OpenAI frontend
+(ragstack.openai_frontend) runs beside them the same way and speaks gRPC to Triton.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from ragstack import admin_key
 from ragstack.gateway.limits import GatewayLimits
+from ragstack.openai_frontend.limits import FrontendLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
@@ -167,6 +169,11 @@ class ServerOptions:
     admin_key: str | None = None    # set: the repository and other admin APIs need it (ragstack.admin_key)
     extra_args: list[str] = field(default_factory=list)
     gateway: GatewayLimits = field(default_factory=GatewayLimits)
+    # The OpenAI frontend's port; 0: none. `ragstack serve` runs it on 9000; the servers of the build steps,
+    # the benchmarks and most tests need none.
+    openai_port: int = 0
+    openai: FrontendLimits = field(default_factory=FrontendLimits)
+    openai_api_key_file: Path | None = None   # else $RAGSTACK_OPENAI_API_KEY, if set (never a command line)
 
 
 def _set_parent_death_signal() -> None:
@@ -207,8 +214,10 @@ class TritonServer:
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="ragstack-triton-"))
         self.log_path = self.work_dir / "tritonserver.log"
         self.gateway_log_path = self.work_dir / "gateway.log"
+        self.openai_log_path = self.work_dir / "openai.log"
         self.process: subprocess.Popen | None = None
         self.gateway_process: subprocess.Popen | None = None
+        self.openai_process: subprocess.Popen | None = None
         self.triton_http_port = 0  # chosen at start
 
     @property
@@ -224,6 +233,11 @@ class TritonServer:
     @property
     def grpc_url(self) -> str:
         return f"{self.options.address}:{self.options.grpc_port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI API's base URL (its routes are under /v1)."""
+        return f"http://{self.options.address}:{self.options.openai_port}"
 
     @property
     def shm_prefix(self) -> str:
@@ -262,6 +276,15 @@ class TritonServer:
         return [sys.executable, "-m", "ragstack.gateway", "--listen", self.http_url, "--upstream", self.triton_http_url,
                 "--exit-timeout", str(opts.exit_timeout_s), *opts.gateway.to_args()]
 
+    def openai_command(self) -> list[str]:
+        opts = self.options
+        # Triton's gRPC from this machine: a wildcard bind address is reached through loopback.
+        grpc_host = "127.0.0.1" if opts.address in ("0.0.0.0", "::", "") else opts.address
+        command = [sys.executable, "-m", "ragstack.openai_frontend", "--listen", f"{opts.address}:{opts.openai_port}",
+                   "--triton", f"{grpc_host}:{opts.grpc_port}", "--exit-timeout", str(opts.exit_timeout_s),
+                   *opts.openai.to_args()]
+        return command + (["--api-key-file", str(opts.openai_api_key_file)] if opts.openai_api_key_file else [])
+
     def _environment(self, install: ServerInstall) -> dict[str, str]:
         env = dict(os.environ)
         own_libpython = interpreter_libpython()
@@ -286,7 +309,8 @@ class TritonServer:
                 admin_key.check(opts.admin_key)
             except ValueError as exc:
                 raise LauncherError(str(exc)) from None
-        for name, port in (("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)):
+        ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
+        for name, port in ports + ([("OpenAI", opts.openai_port)] if opts.openai_port else []):
             if not port_is_free(opts.address, port):
                 raise LauncherError(f"{name} port {port} is already in use on {opts.address}; "
                                     f"choose another with --{name.lower()}-port")
@@ -308,37 +332,42 @@ class TritonServer:
                 start_new_session=True,  # its own process group: we signal it and its stubs together
                 preexec_fn=_set_parent_death_signal)
         try:
-            self._start_gateway()
+            self.gateway_process = self._start_beside(self.gateway_command(), self.gateway_log_path)
+            if self.options.openai_port:
+                self.openai_process = self._start_beside(self.openai_command(), self.openai_log_path)
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start_gateway(self) -> None:
+    def _start_beside(self, command: list[str], log_path: Path) -> subprocess.Popen:
+        """The gateway or the OpenAI frontend. The admin key goes in its environment, not on its command
+        line: the gateway's /livez probe and the frontend's repository calls send it."""
         env = {k: v for k, v in os.environ.items() if k != admin_key.ENV}
-        if self.options.admin_key:  # in its environment, not on its command line: /livez's probe sends it
+        if self.options.admin_key:
             env[admin_key.ENV] = self.options.admin_key
-        with open(self.gateway_log_path, "ab") as log:
+        with open(log_path, "ab") as log:
             # In our process group, unlike Triton: a Ctrl-C reaches it, and it drains as Triton does.
-            self.gateway_process = subprocess.Popen(
-                self.gateway_command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                preexec_fn=_set_parent_death_signal)
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    preexec_fn=_set_parent_death_signal)
 
     def exit_report(self) -> str | None:
-        """None while Triton and the gateway both run; else which one exited, with its last log lines."""
+        """None while Triton, the gateway and the OpenAI frontend all run; else which one exited, with its
+        last log lines."""
         for name, proc, log in (("tritonserver", self.process, self.log_path),
-                                ("the HTTP gateway", self.gateway_process, self.gateway_log_path)):
+                                ("the HTTP gateway", self.gateway_process, self.gateway_log_path),
+                                ("the OpenAI frontend", self.openai_process, self.openai_log_path)):
             if proc is not None and proc.poll() is not None:
                 return f"{name} exited with code {proc.returncode}; last log lines ({log}):\n{tail_log(log)}"
         return None
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, OSError):
-            return False
+        """Triton ready through the gateway, and the OpenAI frontend (if any) ready to serve."""
+        urls = [f"http://{self.http_url}/v2/health/ready"]
+        if self.options.openai_port:
+            urls.append(f"{self.openai_url}/health")
+        return all(_answers_ok(url) for url in urls)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
@@ -357,13 +386,17 @@ class TritonServer:
 
     def stop(self) -> int | None:
         """SIGINT lets in-flight requests finish (up to exit_timeout_s); then the group is killed. The
-        gateway, sent SIGTERM first, stops listening and relays those requests' answers until Triton exits."""
-        gateway, self.gateway_process = self.gateway_process, None
-        if gateway is not None and gateway.poll() is None:
-            gateway.send_signal(signal.SIGTERM)
+        gateway and the OpenAI frontend, sent SIGTERM first, stop listening and relay those requests'
+        answers until Triton exits."""
+        beside = [self.gateway_process, self.openai_process]
+        self.gateway_process = self.openai_process = None
+        for companion in beside:
+            if companion is not None and companion.poll() is None:
+                companion.send_signal(signal.SIGTERM)
         proc, self.process = self.process, None
         if proc is None:
-            _wait_or_kill(gateway, self.options.exit_timeout_s + 15)
+            for companion in beside:
+                _wait_or_kill(companion, self.options.exit_timeout_s + 15)
             return None
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -372,7 +405,8 @@ class TritonServer:
         # Python backend stubs left behind by a crashed server are in the same process group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        _wait_or_kill(gateway, 15)
+        for companion in beside:
+            _wait_or_kill(companion, 15)
         # A server that exits cleanly removes its regions; a killed or aborted one leaves them in RAM.
         remove_shm_regions(self.shm_prefix)
         if self._own_work_dir:
@@ -385,6 +419,14 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
 
 
 def _wait_or_kill(proc: subprocess.Popen | None, timeout_s: float) -> None:

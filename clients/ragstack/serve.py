@@ -1,7 +1,9 @@
 """`ragstack serve`: run the real Triton server in the foreground until Ctrl-C or SIGTERM.
 
 HTTP clients reach it through the gateway (ragstack.gateway) on --address/--http-port, whose limits
-are the flags of the "HTTP gateway limits" group. With $RAGSTACK_ADMIN_KEY set, the repository API
+are the flags of the "HTTP gateway limits" group. The OpenAI API (ragstack.openai_frontend) listens on
+--openai-port (9000; 0: none), its limits the "OpenAI frontend limits" group; its API key, if any, comes
+from --openai-api-key-file or $RAGSTACK_OPENAI_API_KEY. With $RAGSTACK_ADMIN_KEY set, the repository API
 (and the other admin APIs, ragstack.admin_key) answers only requests carrying that key; without it
 they are open to whoever reaches the ports, which on the default loopback address is this machine only.
 """
@@ -13,9 +15,11 @@ import sys
 import threading
 from pathlib import Path
 
-from ragstack import admin_key
+from ragstack import admin_key, openai_frontend
 from ragstack.gateway import limits as gateway_limits
 from ragstack.launcher import DEFAULT_REPOSITORIES, LauncherError, ServerOptions, TritonServer
+from ragstack.openai_frontend import keys as openai_keys
+from ragstack.openai_frontend import limits as openai_limits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--openai-port", type=int, default=openai_frontend.DEFAULT_PORT,
+                        help=f"the OpenAI API's port (default {openai_frontend.DEFAULT_PORT}; 0: no OpenAI API)")
+    parser.add_argument("--openai-api-key-file", type=Path,
+                        help=f"a file holding the key OpenAI API clients must send as a bearer token (default: "
+                             f"${openai_keys.ENV} if set; neither: the API is open)")
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     parser.add_argument("--exit-timeout", type=int, default=30,
                         help="seconds in-flight requests get to finish on shutdown")
@@ -36,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("server_args", nargs="*",
                         help="further tritonserver flags, after `--` (e.g. -- --log-info=false)")
     gateway_limits.add_arguments(parser)
+    openai_limits.add_arguments(parser)
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -46,13 +56,14 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         metrics_port=args.metrics_port, log_verbose=args.log_verbose,
         exit_timeout_s=args.exit_timeout, startup_timeout_s=args.startup_timeout,
         admin_key=admin_key.from_environment(), extra_args=list(args.server_args),
-        gateway=gateway_limits.from_args(args))
+        gateway=gateway_limits.from_args(args), openai_port=args.openai_port,
+        openai=openai_limits.from_args(args), openai_api_key_file=args.openai_api_key_file)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         server = TritonServer(options_from_args(args))
-    except ValueError as exc:  # a gateway limit out of range
+    except ValueError as exc:  # a gateway or OpenAI frontend limit out of range
         print(f"[serve] error: {exc}", file=sys.stderr)
         return 2
     stop_requested = threading.Event()
@@ -74,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
           f"metrics {server.metrics_url}", flush=True)
     print(f"[serve] HTTP goes through the gateway (log: {server.gateway_log_path}) to tritonserver's own "
           f"http://{server.triton_http_url}, which listens on loopback only", flush=True)
+    if server.options.openai_port:
+        guarded = server.options.openai_api_key_file or openai_keys.api_key(None)
+        print(f"[serve] OpenAI API {server.openai_url}/v1 (log: {server.openai_log_path})"
+              f"{', API key required' if guarded else ''}", flush=True)
     if server.options.admin_key:
         print(f"[serve] admin APIs ({', '.join(admin_key.RESTRICTED)}) need ${admin_key.ENV}", flush=True)
     else:
