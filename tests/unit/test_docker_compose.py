@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragstack import admin_key
+from ragstack import admin_key, openai_frontend
 from ragstack.client import DEFAULT_PORTS
 from ragstack.launcher import DEFAULT_REPOSITORIES, ServerInstall, ServerOptions, TritonServer
 
@@ -56,7 +56,7 @@ def test_clients_reach_the_published_ports_and_only_inference_faces_the_network(
     assert command[:3] == ["python3", "-m", "ragstack.gateway"]
     assert command[command.index("--listen") + 1] == f"0.0.0.0:{http}"
     assert command[command.index("--upstream") + 1] == f"triton:{http}"    # Triton's default HTTP port
-    inference = {("gateway", http), ("triton", grpc)}
+    inference = {("gateway", http), ("triton", grpc), ("openai", str(openai_frontend.DEFAULT_PORT))}
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
             if (name, port.rsplit(":", 1)[-1]) not in inference:
@@ -117,10 +117,27 @@ def test_every_referenced_path_exists(compose):
     assert mounted == project - {"onnxruntime"}, "every project backend but onnxruntime is mounted"
 
 
-def test_prometheus_scrapes_the_triton_service_on_its_metrics_port(compose):
-    """(The metrics the Grafana dashboard queries are checked against the real server in
+def test_prometheus_scrapes_triton_and_the_openai_frontend_on_their_metrics_ports(compose):
+    """(The metrics the Grafana dashboard queries are checked against the real server and frontend in
     tests/server/test_deployment_files.py.)"""
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     targets = [target for job in prom["scrape_configs"] for config in job["static_configs"] for target in config["targets"]]
     runs_triton = [name for name, service in compose["services"].items() if service.get("command", [""])[0] == "tritonserver"]
-    assert targets == [f"{name}:{ServerOptions().metrics_port}" for name in runs_triton]
+    assert targets == [f"{name}:{ServerOptions().metrics_port}" for name in runs_triton] + [
+        f"openai:{openai_frontend.DEFAULT_PORT}"]
+
+
+def test_the_openai_frontend_runs_the_servers_image_and_reaches_triton_over_grpc(compose, tmp_path):
+    """The launcher's command for the frontend, with compose's addresses; the keys from the environment."""
+    triton, frontend = compose["services"]["triton"], compose["services"]["openai"]
+    assert frontend["image"] == triton["image"] and frontend["build"] == triton["build"]
+    command = frontend["command"]
+    assert command[:3] == ["python3", "-m", "ragstack.openai_frontend"]
+    assert command[command.index("--listen") + 1] == f"0.0.0.0:{openai_frontend.DEFAULT_PORT}"
+    assert command[command.index("--triton") + 1] == f"triton:{DEFAULT_PORTS['grpc']}"
+    launched = TritonServer(ServerOptions(openai_port=openai_frontend.DEFAULT_PORT), work_dir=tmp_path).openai_command()
+    assert launched[1:3] == ["-m", "ragstack.openai_frontend"] and "--triton" in launched and "--listen" in launched
+    assert frontend["environment"]["RAGSTACK_ADMIN_KEY"] == "${RAGSTACK_ADMIN_KEY:?set RAGSTACK_ADMIN_KEY}"
+    assert frontend["environment"]["RAGSTACK_OPENAI_API_KEY"] == "${RAGSTACK_OPENAI_API_KEY:-}"
+    assert frontend["healthcheck"]["test"] == ["CMD", "curl", "-fsS", f"http://localhost:{openai_frontend.DEFAULT_PORT}/health"]
+    assert frontend["restart"] and "triton" in frontend["depends_on"]
