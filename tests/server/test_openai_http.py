@@ -1,0 +1,142 @@
+"""The OpenAI frontend on the wire (httpx): SSE framing, error bodies and statuses, overload, and clients
+that go away, whose llm requests end and free their KV blocks (read from the llm's metrics)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx2 as httpx
+import pytest
+
+from server_metrics import wait_for_metric
+
+pytestmark = pytest.mark.server
+HELLO = [{"role": "user", "content": "Hello"}]
+RUNNING, KV_USED = "triton_llm_num_requests_running", "triton_llm_kv_cache_blocks_used"
+
+
+def post(server, path: str, body=None, content: bytes | None = None, **kw) -> httpx.Response:
+    return httpx.post(f"{server.openai_url}{path}", json=body, content=content, timeout=60, **kw)
+
+
+def sse(response: httpx.Response) -> list[str]:
+    """The data of each event; events are `data: ...` lines, each followed by a blank line."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = response.text.split("\n\n")
+    assert events[-1] == "", "the stream must end with a complete event"
+    assert all(e.startswith("data: ") and "\n" not in e for e in events[:-1]), events
+    return [e.removeprefix("data: ") for e in events[:-1]]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "max_tokens": 5, "stream": True}),
+    ("/v1/completions", {"model": "llm", "prompt": "Hello", "max_tokens": 5, "stream": True, "n": 2}),
+    ("/v1/chat/completions", {"model": "rag", "messages": HELLO, "max_tokens": 3, "stream": True}),
+], ids=["chat", "completions", "rag"])
+def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
+    response = post(triton_server, path, body)
+    assert response.status_code == 200
+    data = sse(response)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert len({c["id"] for c in chunks}) == 1 and all(c["model"] == body["model"] for c in chunks)
+    finished = [ch["index"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert sorted(finished) == list(range(body.get("n", 1)))   # each choice ends once
+
+
+@pytest.mark.parametrize("path,body,status,param,words", [
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "temperature": -1}, 400, "temperature",
+     "temperature must be"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "max_tokens": 10**6}, 400, "max_tokens",
+     "max_model_len=2048"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias",
+     "does not implement"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "frobnicate": 1}, 400, "frobnicate",
+     "unknown sampling parameter"),
+    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages",
+     "role 'wizard'"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "n": 65}, 400, "n", "the limit is 64 (max_choices)"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "stream": "yes"}, 400, "stream", "valid boolean"),
+    ("/v1/chat/completions", {"model": "rag", "messages": [{"role": "user", "content": "q" * 2001}]}, 400, "messages",
+     "the limit is 2000"),
+    ("/v1/chat/completions", {"model": "rag", "messages": [{"role": "system", "content": "x"}]}, 400, "messages",
+     "last user message"),
+    ("/v1/chat/completions", {"model": "embed", "messages": HELLO}, 400, "model", "serves embeddings"),
+    ("/v1/chat/completions", {"model": "no-such", "messages": HELLO}, 404, "model", "does not exist"),
+    ("/v1/completions", {"model": "rag", "prompt": "x"}, 400, "model", "not completions"),
+    ("/v1/completions", {"model": "llm", "prompt": [[1, 2]]}, 400, "prompt", "token ids are not supported"),
+    ("/v1/embeddings", {"model": "embed", "input": "x", "dimensions": 128}, 400, "dimensions", "384-dimensional"),
+    ("/v1/embeddings", {"model": "embed", "input": ["ok", "  "]}, 400, "input", "empty"),
+    ("/v1/embeddings", {"model": "embed", "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": []}, 400, "documents", "at least one"),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "top_n": 0}, 400, "top_n", "at least 1"),
+])
+def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
+    generates = path in ("/v1/chat/completions", "/v1/completions")
+    for sent in ({**body, "stream": body.get("stream", False)}, {**body, "stream": body.get("stream", True)}) \
+            if generates else (body,):   # streamed, the refusal comes before the first event
+        response = post(triton_server, path, sent)
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["param"] == param, error
+        assert words in error["message"], error
+
+
+def test_bodies_past_the_limits_are_refused_before_parsing(triton_server):
+    too_big = post(triton_server, "/v1/chat/completions", content=b" " * ((4 << 20) + 1),
+                   headers={"Content-Type": "application/json"})
+    assert too_big.status_code == 413 and "the limit is 4194304 (max_body_bytes)" in too_big.json()["error"]["message"]
+    deep = post(triton_server, "/v1/embeddings", content=b"[" * 10_000 + b"]" * 10_000)
+    assert deep.status_code == 400 and "the limit is 32 (max_json_depth)" in deep.json()["error"]["message"]
+    for content in (b"{", b"\xff\xfe", b"[]", b"null"):
+        assert post(triton_server, "/v1/completions", content=content).status_code == 400
+    wrong_method = httpx.get(f"{triton_server.openai_url}/v1/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+    assert post(triton_server, "/v2/models/llm/infer", {}).json()["error"]["code"] == "not_found"
+
+
+def test_a_full_llm_queue_is_503_with_retry_after(triton_server):
+    """llm_small_queue runs 2 sequences and lets 2 wait: of 8 requests at once, the overflow is refused."""
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"model": "llm_small_queue", "messages": HELLO, "max_tokens": 40, "stream": True,
+                    "ignore_eos": True}
+            return await asyncio.gather(*(client.post(f"{triton_server.openai_url}/v1/chat/completions", json=body)
+                                          for _ in range(8)))
+
+    responses = asyncio.run(main())
+    statuses = sorted(r.status_code for r in responses)
+    assert 200 in statuses and 503 in statuses and set(statuses) == {200, 503}, statuses
+    for refused in (r for r in responses if r.status_code == 503):
+        assert refused.headers["retry-after"] == "1"
+        assert "waiting queue is full (max_waiting=2)" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("model,stream", [("llm", True), ("llm", False), ("rag", True), ("rag", False)])
+def test_a_client_that_goes_away_frees_its_llm_requests(triton_server, model, stream):
+    """8 long generations, their clients gone once all run: the llm runs none 2.5 s later, and its KV blocks
+    are free (uncancelled, these run 5 s and more). `rag`: Triton 2.51's ensemble does not pass the
+    cancellation on to rag_generate's running step; the frontend aborts the generation by its cancel key."""
+    metrics = triton_server.metrics_url
+    wait_for_metric(metrics, RUNNING, "llm", lambda v: v == 0)
+    body = {"model": model, "messages": [{"role": "user", "content": "How does paged attention store the KV cache?"}],
+            "max_tokens": 450 if model == "rag" else 1500, "ignore_eos": True, "stream": stream}
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as client:
+            async def hold():
+                async with client.stream("POST", f"{triton_server.openai_url}/v1/chat/completions", json=body):
+                    await asyncio.sleep(120)
+
+            holding = [asyncio.ensure_future(hold()) for _ in range(8)]
+            await asyncio.to_thread(wait_for_metric, metrics, RUNNING, "llm", lambda v: v == 8, 60)
+            for task in holding:
+                task.cancel()
+            await asyncio.gather(*holding, return_exceptions=True)
+
+    asyncio.run(main())
+    gone = time.monotonic()
+    wait_for_metric(metrics, RUNNING, "llm", lambda v: v == 0, timeout_s=10)
+    wait_for_metric(metrics, KV_USED, "llm", lambda v: v == 0, timeout_s=10)
+    assert time.monotonic() - gone < 2.5

@@ -1,0 +1,216 @@
+"""The OpenAI API through the official `openai` package (sync and async, streamed and not) against the
+session server's frontend: chat, completions, rag with sources, embeddings, rerank, models. What it
+answers is what Triton's own doors answer for the same request (RagClient over gRPC)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
+
+from ragstack.client import RagClient
+
+pytestmark = pytest.mark.server
+HELLO = [{"role": "user", "content": "Hello, who are you?"}]
+GREEDY = {"temperature": 0.0, "max_tokens": 8}
+QUESTION = "How does paged attention store the KV cache?"
+
+
+@pytest.fixture(scope="module")
+def client(triton_server):
+    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def triton(triton_server):
+    with RagClient(triton_server.grpc_url) as c:
+        yield c
+
+
+def streamed_text(chunks) -> tuple[str, list]:
+    chunks = list(chunks)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+def test_chat_answers_as_the_llm_does_over_grpc(client, triton):
+    """Greedy: the same tokens as the llm given the same messages directly; usage as the llm counts."""
+    answer = client.chat.completions.create(model="llm", messages=HELLO, **GREEDY, extra_body={"ignore_eos": True})
+    direct = triton.generate(messages=HELLO, sampling_parameters={**GREEDY, "ignore_eos": True}, stream=False).collect()
+    [choice] = answer.choices
+    assert choice.message.role == "assistant" and choice.message.content == direct.text
+    assert choice.finish_reason == "length" and answer.object == "chat.completion" and answer.id.startswith("chatcmpl-")
+    assert answer.usage.completion_tokens == 8 and answer.usage.prompt_tokens > 4
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + 8
+
+
+def test_a_streamed_chat_is_the_same_answer_in_chunks(client):
+    whole = client.chat.completions.create(model="llm", messages=HELLO, **GREEDY).choices[0]
+    text, chunks = streamed_text(client.chat.completions.create(
+        model="llm", messages=HELLO, **GREEDY, stream=True, stream_options={"include_usage": True}))
+    assert text == whole.message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens > 0   # include_usage: the last chunk
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_n_choices_fan_out_with_seeds_seed_plus_i(client):
+    sampling = {"temperature": 1.0, "max_tokens": 6, "seed": 7, "messages": HELLO, "model": "llm"}
+    three = client.chat.completions.create(n=3, **sampling)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    for i, choice in enumerate(three.choices):
+        alone = client.chat.completions.create(**{**sampling, "seed": 7 + i}).choices[0]
+        assert choice.message.content == alone.message.content
+    assert three.usage.completion_tokens == sum(
+        client.chat.completions.create(**{**sampling, "seed": 7 + i}).usage.completion_tokens for i in range(3))
+    text, chunks = streamed_text(client.chat.completions.create(n=3, stream=True, **sampling))
+    by_choice = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i)
+                 for i in range(3)}
+    assert by_choice == {i: c.message.content for i, c in enumerate(three.choices)}
+
+
+def test_sampling_keys_reach_the_llm(client):
+    """max_completion_tokens, stop, and vLLM's extra keys through extra_body: accepted and applied."""
+    long = client.chat.completions.create(model="llm", messages=HELLO, temperature=0, max_completion_tokens=12,
+                                          extra_body={"ignore_eos": True}).choices[0].message.content
+    at = next(i for i in range(1, len(long) - 1) if long[i:i + 2].isascii() and long[i:i + 2].isalpha())
+    stop = long[at:at + 2]
+    cut = client.chat.completions.create(model="llm", messages=HELLO, temperature=0, max_tokens=12, stop=[stop],
+                                         extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop" and cut.message.content == long[:long.index(stop)]
+    answer = client.chat.completions.create(
+        model="llm", messages=HELLO, max_tokens=4, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5, seed=1,
+        extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 4, "skip_special_tokens": True,
+                    "ignore_eos": True})
+    assert answer.usage.completion_tokens == 4
+
+
+def test_logprobs_name_the_sampled_tokens_and_the_most_likely(client):
+    answer = client.chat.completions.create(model="llm", messages=HELLO, max_tokens=8, temperature=1.0, seed=3,
+                                            logprobs=True, top_logprobs=3).choices[0]
+    tokens = answer.logprobs.content
+    assert len(tokens) == 8 and "".join(t.token for t in tokens) == answer.message.content
+    for t in tokens:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3 and bytes(t.bytes) == t.token.encode()
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+        assert t.logprob <= t.top_logprobs[0].logprob + 1e-6
+    _, chunks = streamed_text(client.chat.completions.create(model="llm", messages=HELLO, max_tokens=8, temperature=1.0,
+                                                             seed=3, logprobs=True, top_logprobs=3, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
+
+
+def test_completions_prompts_echo_and_logprobs(client, triton):
+    answer = client.completions.create(model="llm", prompt=["The KV cache", "Paged attention"], n=2, max_tokens=5,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in answer.choices] == [0, 1, 2, 3] and answer.object == "text_completion"
+    direct = triton.generate(prompt="Paged attention", sampling_parameters={"temperature": 0, "max_tokens": 5,
+                                                                            "ignore_eos": True}, stream=False).collect()
+    assert answer.choices[2].text == answer.choices[3].text == direct.text
+    assert answer.usage.completion_tokens == 20
+    echoed = client.completions.create(model="llm", prompt="The KV cache", max_tokens=5, temperature=0, echo=True)
+    assert echoed.choices[0].text == "The KV cache" + answer.choices[0].text
+    scored = client.completions.create(model="llm", prompt="The KV cache", max_tokens=5, temperature=0, logprobs=2)
+    logprobs = scored.choices[0].logprobs
+    assert "".join(logprobs.tokens) == scored.choices[0].text and len(logprobs.top_logprobs[0]) == 2
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    pieces = list(client.completions.create(model="llm", prompt="The KV cache", max_tokens=5, temperature=0,
+                                            stream=True, echo=True))
+    assert "".join(p.choices[0].text for p in pieces) == echoed.choices[0].text
+
+
+def test_rag_answers_with_its_sources(client, triton):
+    answer = client.chat.completions.create(model="rag", messages=[{"role": "user", "content": QUESTION}], max_tokens=6)
+    message = answer.choices[0].message
+    sources = message.model_extra["sources"]
+    assert [s.source for s in triton.query(QUESTION, max_tokens=1, stream=False).collect().sources] == \
+        [s["source"] for s in sources]
+    assert [s["n"] for s in sources] == list(range(1, len(sources) + 1)) and message.content
+    assert answer.usage is None   # rag returns no token counts
+    chunks = list(client.chat.completions.create(model="rag", messages=[{"role": "user", "content": QUESTION}],
+                                                 max_tokens=6, stream=True))
+    assert chunks[0].choices[0].delta.model_extra["sources"] == sources
+    assert all("sources" not in (c.choices[0].delta.model_extra or {}) for c in chunks[1:] if c.choices)
+
+
+def test_embeddings_are_the_embed_models_in_floats_and_base64(client, triton):
+    texts = ["a sentence", "another one", "paged attention"]
+    floats = client.embeddings.create(model="embed", input=texts)
+    vectors = np.array([d.embedding for d in floats.data], dtype=np.float32)
+    np.testing.assert_allclose(vectors, triton.embed(texts).vectors, atol=1e-6)
+    assert [d.index for d in floats.data] == [0, 1, 2] and floats.usage.prompt_tokens == floats.usage.total_tokens > 6
+    packed = client.embeddings.create(model="embed", input=texts, encoding_format="base64")
+    unpacked = np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in packed.data])
+    np.testing.assert_array_equal(unpacked, vectors)
+    assert len(client.embeddings.create(model="embed", input="one", dimensions=384).data[0].embedding) == 384
+
+
+def test_more_inputs_than_one_batch_are_embedded_in_order(client, triton):
+    texts = [f"text number {i}" for i in range(70)]   # three batches of embed_batch (32)
+    vectors = np.array([d.embedding for d in client.embeddings.create(model="embed", input=texts).data])
+    direct = np.concatenate([triton.embed(texts[i:i + 32]).vectors for i in (0, 32, 64)])
+    np.testing.assert_allclose(vectors, direct, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
+def test_rerank_orders_documents_as_the_rerank_model_does(client, triton, triton_server, path):
+    documents = ["Bananas are yellow.", "Paged attention keeps the KV cache in fixed-size blocks.",
+                 "The KV cache holds keys and values of past tokens."]
+    url = "/rerank" if path == "/v1/rerank" else f"{triton_server.openai_url}/rerank"   # relative to .../v1/
+    answer = client.post(url, cast_to=object, body={"model": "rerank", "query": QUESTION, "top_n": 2,
+                                                    "documents": [documents[0], {"text": documents[1]}, documents[2]]})
+    direct = triton.rerank(QUESTION, documents)
+    assert [r["index"] for r in answer["results"]] == [r.index for r in direct[:2]]
+    assert [r["relevance_score"] for r in answer["results"]] == pytest.approx([r.score for r in direct[:2]], abs=1e-6)
+    assert answer["results"][0]["document"]["text"] == direct[0].passage and answer["usage"]["total_tokens"] > 0
+    bare = client.post(url, cast_to=object, body={"model": "rerank", "query": QUESTION, "documents": documents,
+                                                  "return_documents": False})
+    assert len(bare["results"]) == 3 and "document" not in bare["results"][0]
+
+
+def test_models_lists_what_the_api_serves(client):
+    listed = {m.id for m in client.models.list()}
+    assert {"llm", "rag", "embed", "rerank"} <= listed
+    assert not listed & {"embedder", "retriever", "prompt_builder", "rag_generate", "echo"}   # no endpoint for them
+    assert client.models.retrieve("rag").owned_by == "ragstack"
+    with pytest.raises(NotFoundError):
+        client.models.retrieve("retriever")
+
+
+def test_errors_are_openai_errors(client):
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model="llm", messages=HELLO, top_p=1.5)
+    assert refused.value.body["param"] == "top_p" and "top_p must be in (0, 1], got 1.5" in refused.value.message
+    with pytest.raises(NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert missing.value.code == "model_not_found"
+    for later in ({"response_format": {"type": "json_object"}},
+                  {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}):
+        with pytest.raises(BadRequestError) as not_yet:
+            client.chat.completions.create(model="llm", messages=HELLO, max_tokens=2, **later)
+        assert not_yet.value.body["param"] == next(iter(later))
+
+
+def test_the_async_client_streams_many_at_once(triton_server):
+    async def main():
+        async with AsyncOpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0,
+                               timeout=120) as client:
+            async def streamed(i: int) -> str:
+                stream = await client.chat.completions.create(
+                    model="llm", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=6, temperature=0,
+                    stream=True)
+                return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+            async def whole(i: int) -> str:
+                answer = await client.chat.completions.create(
+                    model="llm", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=6, temperature=0)
+                return answer.choices[0].message.content
+
+            return (await asyncio.gather(*(streamed(i) for i in range(6))),
+                    await asyncio.gather(*(whole(i) for i in range(6))))
+
+    streamed, whole = asyncio.run(main())
+    assert streamed == whole and len(set(whole)) > 1
