@@ -36,13 +36,19 @@ class Matcher:
         candidates = [self._candidates(entry) for entry in entries]
         self._unmatched += text
         picks = _spell(candidates, self._unmatched)
-        if picks is None:   # e.g. a stop string cut from the text: the most likely that fit, in order
-            picks = [next((c for c in options if self._unmatched.startswith(c[0])), options[0])
-                     for options in candidates]
-        for token, _ in picks:
-            self._unmatched = self._unmatched[len(token):] if self._unmatched.startswith(token) else ""
+        if picks is None:   # e.g. a stop string cut from the text: in order, the first that fits, else the likeliest
+            picks = []
+            for options in candidates:
+                picks.append(next((c for c in options if self._unmatched.startswith(c[0])), options[0]))
+                self._take(picks[-1][0])
+        else:
+            for token, _ in picks:
+                self._take(token)
         return [TokenLogprob(token, logprob, [Alternative(t, lp) for t, lp in options[:self.top_n]])
                 for (token, logprob), options in zip(picks, map(self._top, entries), strict=True)]
+
+    def _take(self, token: str) -> None:
+        self._unmatched = self._unmatched[len(token):] if self._unmatched.startswith(token) else ""
 
     def _candidates(self, entry: dict) -> list[tuple[str, float]]:
         """The entries that may be the sampled token: the last alone when there are N + 1."""
