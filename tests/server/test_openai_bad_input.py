@@ -40,7 +40,8 @@ MESSAGES = st.one_of(
     st.lists(st.fixed_dictionaries({"role": st.just("assistant"), "content": st.text(max_size=5),
                                     "tool_calls": st.lists(JSON, min_size=1, max_size=2)}), min_size=1, max_size=1))
 TEXTS = st.one_of(JSON, st.lists(st.one_of(JSON, st.just(""), st.just(" ")), min_size=0, max_size=4),
-                  st.lists(st.integers(0, 100), min_size=1, max_size=3), st.integers(16385, 20000).map(lambda n: "x" * n))
+                  st.lists(st.integers(0, 100), min_size=1, max_size=3),   # token ids
+                  st.integers(16385, 20000).map(lambda n: "x" * n))          # past the tokenizers' max_text_bytes
 SHARED = {"model": MODELS, "stream": JSON, "stream_options": JSON, "n": st.one_of(JSON, st.integers(-5, 100)),
           "user": JSON, "response_format": JSON.filter(lambda v: v is not None),
           "tools": JSON.filter(lambda v: v is not None), **BAD_VALUES}
