@@ -78,17 +78,24 @@ async def get_model(request: Request, frontend: Frontend) -> JSONResponse:
 
 
 async def load_model(request: Request, frontend: Frontend) -> JSONResponse:
-    keys.check_admin(request.headers.get(admin_key.HEADER, ""), frontend.admin_key)
-    name = request.path_params["model_id"]
+    name = await _in_repository(request, frontend)
     await frontend.triton.load(name)
     return JSONResponse({**models.model_object(name), "loaded": True})
 
 
 async def unload_model(request: Request, frontend: Frontend) -> JSONResponse:
-    keys.check_admin(request.headers.get(admin_key.HEADER, ""), frontend.admin_key)
-    name = request.path_params["model_id"]
+    name = await _in_repository(request, frontend)
     await frontend.triton.unload(name)
     return JSONResponse({**models.model_object(name), "loaded": False})
+
+
+async def _in_repository(request: Request, frontend: Frontend) -> str:
+    """The model named by the path, for an admin, if the repositories hold it (loaded or not)."""
+    keys.check_admin(request.headers.get(admin_key.HEADER, ""), frontend.admin_key)
+    name = request.path_params["model_id"]
+    if name not in {m["name"] for m in await frontend.triton.index()}:
+        raise APIError(404, f"no model '{name[:200]}' in the model repositories", "model", "model_not_found")
+    return name
 
 
 async def health(_request: Request, frontend: Frontend) -> JSONResponse:

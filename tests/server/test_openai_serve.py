@@ -1,0 +1,96 @@
+"""The OpenAI frontend as a process of `ragstack serve`, with an API key (from a file) and the admin key (from
+$RAGSTACK_ADMIN_KEY): its URL printed, its flags passed on, every API call needing the bearer key and model
+load and unload the admin key, neither key on its command line (the API key on none), and a frontend that dies reported (and the
+server stopped) like a server that dies. The tests run in order on one `ragstack serve`."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+from openai import AuthenticationError, OpenAI
+
+from ragstack import admin_key, openai_frontend, process_tree, serve
+from ragstack.launcher import free_port
+from server_helpers import FIXTURE_REPOSITORY, free_server_options
+
+pytestmark = pytest.mark.server
+ADMIN_KEY = "0123456789abcdef0123456789abcdef"
+API_KEY = "sk-ragstack-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    key_file = tmp_path_factory.mktemp("openai-key") / "key"
+    key_file.write_text(API_KEY + "\n")
+    opts, port = free_server_options(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
+         "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
+         "--metrics-port", str(opts.metrics_port), "--openai-port", str(port), "--openai-api-key-file", str(key_file),
+         "--openai-max-body-bytes", "1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, admin_key.ENV: ADMIN_KEY})
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "[serve] OpenAI API" in line or process.poll() is not None:
+            break
+    try:
+        yield process, port, "".join(lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_the_frontend_needs_its_keys_and_takes_its_flags(served):
+    process, port, printed = served
+    url = f"http://127.0.0.1:{port}"
+    assert f"[serve] OpenAI API {url}/v1 " in printed and "API key required" in printed, printed
+    [frontend] = process_tree.module_pids(process.pid, "ragstack.openai_frontend")
+    assert os.getpgid(frontend) == os.getpgid(process.pid)                    # a Ctrl-C reaches it too
+    for pid in [process.pid, *process_tree.descendants(process.pid)]:
+        assert API_KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    # The admin key only on tritonserver's (docs/operations.md, Access: Triton takes it no other way).
+    assert ADMIN_KEY.encode() not in Path(f"/proc/{frontend}/cmdline").read_bytes()
+
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    unauthorized = httpx.get(f"{url}/v1/models")
+    assert unauthorized.status_code == 401 and unauthorized.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/metrics").status_code == 200
+    bearer = {"Authorization": f"Bearer {API_KEY}"}
+    assert httpx.get(f"{url}/v1/models", headers=bearer).json() == {"object": "list", "data": []}   # echo: no endpoint
+    too_big = httpx.post(f"{url}/v1/embeddings", headers=bearer, content=b" " * 1001)
+    assert too_big.status_code == 413 and "the limit is 1000 (max_body_bytes)" in too_big.text   # the flag reached it
+
+    for headers in (bearer, {**bearer, admin_key.HEADER: "wrong-key-wrong-key"}):
+        refused = httpx.post(f"{url}/v1/models/echo/unload", headers=headers)
+        assert refused.status_code == 403 and admin_key.HEADER in refused.json()["error"]["message"]
+    admin = {**bearer, admin_key.HEADER: ADMIN_KEY}
+    assert httpx.post(f"{url}/v1/models/echo/unload", headers=admin, timeout=60).json()["loaded"] is False
+    assert httpx.post(f"{url}/v1/models/echo/load", headers=admin, timeout=60).json()["loaded"] is True
+    missing = httpx.post(f"{url}/v1/models/no_such_model/load", headers=admin, timeout=60)
+    assert 400 <= missing.status_code < 500 and "no_such_model" in missing.json()["error"]["message"]
+
+
+def test_serve_reports_the_frontends_death(served):
+    process, _, _ = served
+    [frontend] = process_tree.module_pids(process.pid, "ragstack.openai_frontend")
+    os.kill(frontend, signal.SIGKILL)
+    rest = process.communicate(timeout=60)[0]
+    assert process.returncode == 1, rest
+    assert "[serve] unexpectedly, the OpenAI frontend exited with code -9" in rest, rest
+
+
+def test_serve_runs_the_frontend_on_9000_unless_told_0():
+    """(The launcher starts a frontend only for a port: test_launcher's servers have none.)"""
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert serve.options_from_args(parser.parse_args([])).openai_port == openai_frontend.DEFAULT_PORT == 9000
+    assert serve.options_from_args(parser.parse_args(["--openai-port", "0"])).openai_port == 0
