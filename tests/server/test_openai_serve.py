@@ -1,7 +1,7 @@
 """The OpenAI frontend as a process of `ragstack serve`, with an API key (from a file) and the admin key (from
 $RAGSTACK_ADMIN_KEY): its URL printed, its flags passed on, every API call needing the bearer key and model
-load and unload the admin key, neither key on its command line (the API key on none), and a frontend that dies reported (and the
-server stopped) like a server that dies. The tests run in order on one `ragstack serve`."""
+load and unload the admin key, neither key on its command line (the API key on none), and a frontend that
+dies reported (and the server stopped) like a server that dies. The tests run in order on one `ragstack serve`."""
 from __future__ import annotations
 
 import argparse
