@@ -1,7 +1,8 @@
 """Serving benchmark: the same requests through the real Triton server (gRPC streaming, the llm
 model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, through the same
 server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
-by side in one run.
+by side in one run. With --api openai: through the OpenAI frontend (streamed completions with the
+official `openai` client) and to Triton's gRPC directly, on the same server, at each concurrency.
 
 The script writes a temporary model repository whose `llm` runs --model with the given engine
 settings, starts the server with the launcher, sends N requests at each concurrency, stops it;
@@ -10,6 +11,7 @@ baseline's alone); then it replays the same requests in-process. Rows: output to
 inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole request).
 
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
+    python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --api openai
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from benchmarks.table import markdown, rounded
 ROOT = Path(__file__).resolve().parents[1]
 HF_BASELINE = Path(__file__).resolve().parent / "serving_baselines" / "hf_generate"
 HF_SYSTEM = "hf-generate (triton)"
+OPENAI_SYSTEM = "openai frontend"
 TARGET_SPEEDUP = 2.6  # issue 7: the published vLLM-over-Triton-PyTorch throughput gap
 
 
@@ -104,6 +107,35 @@ async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
     return results, elapsed
 
 
+async def run_openai(base_url: str, requests, concurrency: int, model: str = "llm") -> tuple[list[Result], float]:
+    """The requests run_triton sends, as streamed completions through the OpenAI frontend: the same prompt
+    and sampling (the frontend adds the token counts it reports to the llm's inputs)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=3600)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: str, max_tokens: int) -> Result:
+        async with sem:
+            start = time.perf_counter()
+            times, tokens = [], 0
+            stream = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            async for chunk in stream:
+                if chunk.choices:   # a chunk per llm response, as run_triton counts them
+                    times.append(time.perf_counter())
+                if chunk.usage:
+                    tokens = chunk.usage.completion_tokens
+            return Result(times[0] - start, list(np.diff(times)), tokens)
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(p, o) for p, o in requests))
+    elapsed = time.perf_counter() - t0
+    await client.close()
+    return results, elapsed
+
+
 async def run_in_process(engine, requests, concurrency: int) -> tuple[list[Result], float]:
     sem = asyncio.Semaphore(concurrency)
 
@@ -159,29 +191,43 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
 
 
 def serve(write, model: str, system: str, requests, levels: list[int], counts: list[int],
-          batched: bool = False) -> list[dict]:
+          batched: bool = False, openai: bool = False) -> list[dict]:
     """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
-    count of the requests (the first ones), then stop."""
+    count of the requests (the first ones), then stop. `openai`: the server's OpenAI frontend too, each
+    concurrency's requests through it right after they went to gRPC directly."""
     from ragstack.launcher import ServerOptions, TritonServer, free_port
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         write(Path(tmp))
         options = ServerOptions(model_repositories=[Path(tmp)], models=[model], http_port=free_port(),
-                                grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900)
+                                grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900,
+                                openai_port=free_port() if openai else 0)
         load_start = time.perf_counter()
         with TritonServer(options) as server:
             print(f"{system}: server ready in {time.perf_counter() - load_start:.1f} s", flush=True)
+            if openai:   # its first requests read the model's config and open the channel to Triton
+                asyncio.run(run_openai(server.openai_url, requests[:2], 2, model))
             for c, n in zip(levels, counts):
                 rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests[:n], c, model,
                                                                          batched))))
                 print(rows[-1], flush=True)
+                if openai:
+                    rows.append(summarize(OPENAI_SYSTEM, c, *asyncio.run(run_openai(server.openai_url, requests[:n],
+                                                                                    c, model))))
+                    print(rows[-1], flush=True)
     return rows
 
 
 def comparison(rows: list[dict], c: int) -> str:
-    """One concurrency: Triton against in-process and, when it ran, against the HF baseline."""
+    """One concurrency: Triton against in-process and, when it ran, against the HF baseline; or the OpenAI
+    frontend against gRPC directly."""
     row = {r["system"]: r for r in rows if r["concurrency"] == c}
+    if OPENAI_SYSTEM in row:
+        o, t = row[OPENAI_SYSTEM], row["triton"]
+        return (f"c={c}: through the OpenAI frontend {100 * o['tok_s'] / t['tok_s']:.0f}% of gRPC's tok/s, TTFT p50 "
+                f"{o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms, p99 {o['ttft_p99_ms']:,.1f} vs "
+                f"{t['ttft_p99_ms']:,.1f} ms")
     t, p, hf = row["triton"], row["in-process"], row.get(HF_SYSTEM)
     text = f"c={c}: Triton {100 * t['tok_s'] / p['tok_s']:.0f}% of in-process"
     if hf:
@@ -217,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                         help='JSON of triton_llm backend settings for the served llm, e.g. {"engine_process": false} '
                              "(the engine in a thread of the stub)")
     parser.add_argument("--baseline", choices=["hf"], help="also serve HF generate() in a plain Python model")
+    parser.add_argument("--api", choices=["triton", "openai"], default="triton",
+                        help="openai: the OpenAI frontend against gRPC directly, on one server (no in-process run)")
     parser.add_argument("--baseline-batch-size", type=int,
                         help="the baseline's max_batch_size: most requests one generate() call takes; default: "
                              "the largest concurrency, so no request waits for a batch slot")
@@ -234,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     from llm_engine.engine.engine_process import cpu_threads
     from llm_engine.model.tokenizer import Tokenizer
 
+    if args.api == "openai" and args.baseline:
+        parser.error("--api openai compares the frontend with gRPC directly: leave out --baseline")
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
     counts = per_level(parser, "--num-requests", args.num_requests, levels)
@@ -244,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                              [int(x) for x in args.output_len.split(",")])
     served = {**settings, **json.loads(args.backend)}
     rows = serve(lambda dest: write_repository(dest, args.model, served), "llm", "triton", requests, levels,
-                 counts)
+                 counts, openai=args.api == "openai")
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
@@ -264,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(rows[-1], flush=True)
         finally:
             engine.shutdown(timeout=0)
-    asyncio.run(in_process())
+    if args.api == "triton":
+        asyncio.run(in_process())
 
     table = [table_row(r) for r in rows]
     ratios = [comparison(rows, c) for c in levels]
