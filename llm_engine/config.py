@@ -36,6 +36,8 @@ class EngineConfig:
     # Launch each step before the previous one's sampled tokens reach the host, so the host's work
     # between steps overlaps the device's (llm_engine.py); False: every step waits for the last.
     async_scheduling: bool = True
+    # A structured-output constraint whose compile takes longer fails its request (never the batch).
+    structured_output_compile_timeout_s: float = 10.0
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,6 +66,10 @@ class EngineConfig:
         if self.max_waiting is not None:
             _expect_min("max_waiting", self.max_waiting, 1)
         _expect_min("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if not (isinstance(self.structured_output_compile_timeout_s, (int, float))
+                and 0 < self.structured_output_compile_timeout_s < float("inf")):
+            raise ValueError(f"structured_output_compile_timeout_s must be a number > 0, "
+                             f"got {self.structured_output_compile_timeout_s!r}")
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be a bool, got {self.async_scheduling!r}")
         self.model_config.per_rank(self.tensor_parallel_size)  # raises unless the shapes split evenly

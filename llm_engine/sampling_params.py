@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,69 @@ def _is_finite(value: int | float) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float
         return False
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """A constraint the output must follow (vLLM's StructuredOutputsParams): exactly one of a JSON
+    schema (a dict or its JSON text), any JSON object, a regular expression, one of a list of
+    strings, or an EBNF grammar (xgrammar's dialect). The engine compiles it when the request arrives."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                    isinstance(c, str) and c for c in self.choice):
+                raise ValueError(f"structured output choice must be a non-empty list of non-empty strings, "
+                                 f"got {self.choice!r}")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if isinstance(self.json, dict):  # key order kept: a schema's property order is the output's
+            object.__setattr__(self, "json", json.dumps(self.json))
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured output {name} must be a non-empty string or object, got {value!r}")
+        if self.json is not None:
+            try:
+                schema = json.loads(self.json)
+            except ValueError as exc:
+                raise ValueError(f"structured output json is not valid JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"structured output json must be a JSON schema (an object), got {self.json[:80]!r}")
+        if not isinstance(self.json_object, bool):
+            raise ValueError(f"structured output json_object must be a bool, got {self.json_object!r}")
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError(f"structured output takes exactly one of json, json_object, regex, choice, grammar; "
+                             f"got {given or 'none'}")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies the compiled constraint (the compile cache's key)."""
+        if self.json_object:
+            return "json_object", ""
+        for name in ("json", "regex", "grammar"):
+            if getattr(self, name) is not None:
+                return name, getattr(self, name)
+        return "choice", json.dumps(self.choice)
+
+    @classmethod
+    def from_value(cls, value: Any) -> StructuredOutputs:
+        if isinstance(value, StructuredOutputs):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"structured_outputs must be an object, got {type(value).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown structured output key(s) {unknown}; known: {sorted(known)}")
+        return cls(**value)
 
 
 # Integers beyond int64 are refused: the sampler turns them into int64 tensors and seeds.
@@ -53,6 +117,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -65,6 +130,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.logprobs, bool):
             self.logprobs = 0 if self.logprobs else None
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputs.from_value(self.structured_outputs)
         self._validate()
 
     @classmethod

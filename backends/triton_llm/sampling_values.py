@@ -27,12 +27,12 @@ _UNSUPPORTED = {
     "allowed_token_ids": "allowed_token_ids",
     "logit_bias": "logit_bias",
     "detokenize": "detokenize",
-    "guided_json": "guided decoding (structured output)",
-    "guided_regex": "guided decoding (structured output)",
-    "guided_choice": "guided decoding (structured output)",
-    "guided_grammar": "guided decoding (structured output)",
-    "structured_outputs": "structured outputs",
+    "guided_whitespace_pattern": "a whitespace pattern (structured output is compact JSON)",
 }
+# vLLM's guided-decoding keys, each a field of its `structured_outputs` object.
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# StructuredOutputsParams fields with nothing to choose here: one grammar engine, compact JSON.
+_STRUCTURED_NO_OPS = {"disable_fallback", "disable_any_whitespace"}
 
 
 class SamplingValueError(ValueError):
@@ -43,7 +43,11 @@ def coerce(params: dict[str, Any], source: str) -> dict[str, Any]:
     """`params` (a request's `sampling_parameters` or `parameters`) typed for SamplingParams.from_dict;
     `source` names where they came from in the errors."""
     out: dict[str, Any] = {}
+    structured: dict[str, Any] = {}
     for key, value in params.items():
+        if key in _GUIDED or key == "structured_outputs" or key == "guided_decoding_backend":
+            _structured(source, key, value, structured)
+            continue
         if key == "n":
             if _integer(source, key, value) != 1:
                 raise SamplingValueError(f"{source}: n must be 1 (one sequence per request here), got {value!r}")
@@ -64,7 +68,35 @@ def coerce(params: dict[str, Any], source: str) -> dict[str, Any]:
                 out[key] = None
             continue  # null leaves the default
         out[key] = _convert(source, key, value, kind)
+    if structured:
+        out["structured_outputs"] = structured  # SamplingParams checks it holds exactly one constraint
     return out
+
+
+def _structured(source: str, key: str, value: Any, into: dict[str, Any]) -> None:
+    """vLLM's guided_* keys and its structured_outputs object (or its JSON text, as vllm_backend
+    takes it) into one structured_outputs dict."""
+    if value is None:
+        return
+    if key == "guided_decoding_backend":
+        if value not in ("xgrammar", "auto"):
+            raise SamplingValueError(f"{source}: 'guided_decoding_backend' = {_shown(value)}: this engine's "
+                                     "structured output uses xgrammar only")
+        return
+    if key in _GUIDED:
+        field = _GUIDED[key]
+        into[field] = _list(source, key, value, str) if field == "choice" else value
+        return
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise SamplingValueError(f"{source}: 'structured_outputs' is not a valid JSON object: "
+                                     f"{_shown(value)}") from None
+    if not isinstance(value, dict):
+        raise SamplingValueError(f"{source}: 'structured_outputs' must be an object (or its JSON text), "
+                                 f"got {_shown(value)}")
+    into.update((k, v) for k, v in value.items() if k not in _STRUCTURED_NO_OPS and v is not None)
 
 
 def _convert(source: str, key: str, value: Any, kind: Any) -> Any:

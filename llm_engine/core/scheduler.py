@@ -31,16 +31,20 @@ class Scheduler:
     # --- queue management ---------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
+        self.check(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """ValueError if the sequence could never run: one that cannot fit in the whole pool would
+        wait (or preempt itself) forever."""
         max_tokens = seq.sampling_params.max_tokens
         max_len = self.max_model_len if max_tokens is None else min(len(seq) + max_tokens, self.max_model_len)
         bm = self.block_manager
-        # A sequence that cannot fit in the whole pool would wait (or preempt itself) forever.
         if bm.blocks_needed(max_len) > bm.num_blocks:
             raise ValueError(
                 f"prompt + max_tokens = {max_len} tokens needs {bm.blocks_needed(max_len)} KV blocks; "
                 f"the cache holds {bm.num_blocks} blocks of {bm.block_size} tokens")
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Finish the request's sequence with "abort" and free its blocks at once. A step

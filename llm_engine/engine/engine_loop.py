@@ -91,6 +91,7 @@ class EngineLoop:
                 return
             try:
                 deltas += engine.step_deltas()
+                errors += engine.take_failures()
             except Exception as exc:  # a bug outside any one request: fail them all, keep serving
                 logger.exception("engine step failed; failing every in-flight request")
                 for request_id in engine.request_ids:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,7 @@ from llm_engine.engine.admission import admit
 from llm_engine.engine.detokenizer import IncrementalDetokenizer
 from llm_engine.engine.input_processor import EngineRequest, InputProcessor
 from llm_engine.engine.output_processor import OutputAssembler
+from llm_engine.engine.structured_output import GrammarCompiler, PendingGrammar, RequestGrammar
 from llm_engine.outputs import EngineStats, RequestDelta, RequestOutput, RequestStats
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.worker.model_runner import ModelRunner
@@ -56,6 +59,8 @@ class RequestState:
     final_only: bool = False
     deferred_from: int = 0  # token_ids[deferred_from:deferred_from + num_deferred]: not yet detokenized
     num_deferred: int = 0
+    grammar: RequestGrammar | None = None  # structured output: where the output is in its grammar
+    failure: str | None = None  # why it ended with finish_reason "error", when the step itself did not fail
 
 
 @dataclass(eq=False)
@@ -83,6 +88,9 @@ class LLMEngine:
         self.sampler = Sampler(eos)
         self._requests: dict[str, RequestState] = {}
         self._assemblers: dict[str, OutputAssembler] = {}  # requests of add_request: step() builds their outputs
+        self._grammars: GrammarCompiler | None = None  # made for the first structured-output request
+        self._compiling: dict[str, PendingGrammar] = {}  # structured requests waiting for their grammar
+        self._failures: list[tuple[str, Exception]] = []  # requests refused after enqueue (take_failures)
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
         self._num_async_steps = 0
@@ -118,11 +126,24 @@ class LLMEngine:
         return RequestState(request.request_id, seq, detok, stats)
 
     def enqueue(self, request: RequestState) -> None:
-        """Queue a request admitted already (its outputs go to step_deltas()' caller)."""
+        """Queue a request admitted already (its outputs go to step_deltas()' caller). A structured
+        one waits for its grammar to compile (take_failures() reports a compile that fails)."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        self.scheduler.add(request.seq)
+        spec = request.seq.sampling_params.structured_outputs
+        if spec is None:
+            self.scheduler.add(request.seq)
+        else:
+            self.scheduler.check(request.seq)
+            timeout = self.config.structured_output_compile_timeout_s
+            self._compiling[request.request_id] = PendingGrammar(self._grammar_compiler().submit(spec), timeout)
         self._requests[request.request_id] = request
+
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """Requests that failed outside a step since the last call (their grammar did not compile),
+        each with its exception (ValueError: the request's fault); they are gone from the engine."""
+        failures, self._failures = self._failures, []
+        return failures
 
     def abort(self, request_id: str) -> RequestDelta | None:
         """Finish the request with "abort" and free its KV blocks now (a token of the step in
@@ -130,7 +151,10 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.abort(request_id)
+        if self._compiling.pop(request_id, None) is not None:
+            self.scheduler.finish(req.seq, "abort")  # never scheduled
+        else:
+            self.scheduler.abort(request_id)
         return self._delta(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -148,8 +172,12 @@ class LLMEngine:
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """step_deltas(), as the outputs of the requests of add_request."""
-        return self._assemble(self.step_deltas())
+        """step_deltas(), as the outputs of the requests of add_request (a request that failed
+        outside the step, as an output with finish_reason "error")."""
+        deltas = self.step_deltas()
+        deltas += [RequestDelta(rid, "", [], None, None, [], "error", f"{type(exc).__name__}: {exc}")
+                   for rid, exc in self.take_failures()]
+        return self._assemble(deltas)
 
     def step_deltas(self) -> list[RequestDelta]:
         """Launch one batched model step; a delta for every request that got a new token.
@@ -158,6 +186,8 @@ class LLMEngine:
         while this step runs, and are detokenized, stop strings checked, after its launch); an
         empty step hands out the last ones.
         """
+        if self._compiling:
+            self._admit_compiled(idle=self._in_flight is None and not self.scheduler.has_unfinished())
         prev, self._in_flight = self._in_flight, None
         overlap = prev is not None and self.config.async_scheduling
         done: list[tuple[RequestState, float]] = []
@@ -171,7 +201,13 @@ class LLMEngine:
         if batch.seqs:
             self._account_scheduled(batch)
             try:
-                self._in_flight = self._launch(batch, sampled_ids)
+                logits = self.model_runner.execute(batch, sampled_ids)
+                if overlap and self._guided(batch):
+                    # The masks follow the tokens of the step in flight: wait for them while the
+                    # device runs this step's forward pass, then sample.
+                    done, overlap = self._complete(prev, advanced=True), False
+                    self._num_async_steps += sampled_ids is not None
+                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids))
             except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
                 logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
                 failure = exc
@@ -192,12 +228,45 @@ class LLMEngine:
             if n > 1 or seq.num_output_tokens == 0:
                 self._num_prompt_tokens += n
 
-    def _launch(self, batch: ScheduledBatch, sampled_ids: torch.Tensor | None) -> LaunchedStep:
-        """Queue the batch's forward pass and sampling; `sampled_ids` (on the device) are the
-        tokens its placeholders stand for."""
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sampled_ids: torch.Tensor | None):
+        """Queue the sampling of the batch's sampled rows (with their grammars' masks); `sampled_ids`
+        (on the device) are the tokens the batch's placeholders stand for."""
         sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
-        logits = self.model_runner.execute(batch, sampled_ids)
-        return LaunchedStep(batch, self.sampler(logits, sampled, sampled_ids) if sampled else None)
+        if not sampled:
+            return None
+        masks = None
+        if self._grammars is not None:
+            masks = self._grammars.masks([self._requests[s.request_id].grammar for s in sampled])
+        return self.sampler(logits, sampled, sampled_ids, bitmask=masks)
+
+    def _guided(self, batch: ScheduledBatch) -> bool:
+        return self._grammars is not None and any(
+            self._requests[s.request_id].grammar is not None for s, smp in zip(batch.seqs, batch.sample) if smp)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.tokenizer.eos_token_ids,
+                                             self.config.structured_output_compile_timeout_s)
+        return self._grammars
+
+    def _admit_compiled(self, idle: bool) -> None:
+        """Requests whose grammar compiled join the waiting queue; failed compiles are reported.
+        `idle`: nothing else to run, so wait a moment for a compile rather than spin."""
+        if idle:
+            wait_for_futures([p.future for p in self._compiling.values()], timeout=0.005,
+                             return_when=FIRST_COMPLETED)
+        for request_id, pending in list(self._compiling.items()):
+            error = pending.failed()
+            if error is None and not pending.future.done():
+                continue
+            del self._compiling[request_id]
+            req = self._requests[request_id]
+            if error is not None:
+                del self._requests[request_id]
+                self._failures.append((request_id, error))
+                continue
+            req.grammar = self._grammars.matcher(pending.future.result())
+            self.scheduler.add(req.seq)
 
     def _complete(self, step: LaunchedStep, advanced: bool = False) -> list[tuple[RequestState, float]]:
         """Wait for the step's sampled tokens and put them in its sequences (advance done already
@@ -210,7 +279,20 @@ class LLMEngine:
             got = self.scheduler.postprocess(step.batch, ids, logprobs, top)
         self._num_generation_tokens += len(got)
         sampled_at = time.monotonic()
-        return [(self._requests[seq.request_id], sampled_at) for seq in got]
+        done = [(self._requests[seq.request_id], sampled_at) for seq in got]
+        for req, _ in done:
+            if req.grammar is not None:
+                self._follow_grammar(req)
+        return done
+
+    def _follow_grammar(self, req: RequestState) -> None:
+        """The sampled token advances the request's grammar; a complete grammar ends the sequence."""
+        seq = req.seq
+        if not req.grammar.accept(seq.token_ids[-1]):  # the mask allowed it: a bug, not the request's
+            req.failure = f"structured output: the grammar refused the sampled token {seq.token_ids[-1]}"
+            self.scheduler.finish(seq, "error")
+        elif req.grammar.terminated and not seq.is_finished:
+            self.scheduler.finish(seq, "stop")
 
     def _emit(self, done: list[tuple[RequestState, float]]) -> list[RequestDelta]:
         """Deltas of the requests that got a token."""
@@ -261,6 +343,7 @@ class LLMEngine:
 
     def _delta(self, req: RequestState, error: str | None = None) -> RequestDelta:
         seq, stats = req.seq, req.stats
+        error = error or req.failure
         self._detokenize_deferred(req)  # an abort or failure ends it mid-way
         finished = seq.is_finished
         text = req.detokenizer.emit(finished=finished)
@@ -295,6 +378,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop what the model runner started (tensor-parallel workers); the engine is unusable after."""
+        if self._grammars is not None:
+            self._grammars.close()
         self.model_runner.close()
 
     # --- stats --------------------------------------------------------------------------------

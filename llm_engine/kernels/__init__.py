@@ -17,12 +17,15 @@ from llm_engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from llm_engine.kernels.rotary import apply_rotary_ref
 from llm_engine.kernels.rotary_kv_cache import rotary_and_write_kv, rotary_and_write_kv_ref
 from llm_engine.kernels.skinny_linear import SKINNY_MAX_ROWS, fits_skinny_linear, skinny_linear, skinny_linear_ref
+from llm_engine.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_ref
 
 __all__ = [
     "FP8_E4M3_MAX",
     "FP8_SCALE_MIN",
     "SKINNY_MAX_ROWS",
     "apply_rotary_ref",
+    "apply_token_bitmask",
+    "apply_token_bitmask_ref",
     "dequantize_fp8_cache_ref",
     "dequantize_fp8_ref",
     "fits_skinny_linear",

@@ -1,7 +1,8 @@
 """Batched next-token sampling over the logits of one step.
 
-Order of processing, per row: min_tokens masking of eos/stop ids -> repetition, frequency and
-presence penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
+Order of processing, per row: min_tokens masking of eos/stop ids -> structured output's token mask
+(a packed bitmask, kernels/token_bitmask.py) -> repetition, frequency and presence penalties ->
+temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
 take the argmax of the penalised logits. Other rows sample with the exponential-race trick,
 argmax(p / q) with q ~ Exp(1), which draws exactly from p and stays one batched op. A seeded row
 draws its q from a generator seeded by (seed, output position), so its tokens do not depend on
@@ -26,6 +27,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from llm_engine.core.sequence import Sequence, placeholder_row
+from llm_engine.model import ops
 from llm_engine.outputs import TopLogprobs
 from llm_engine.worker.host_copy import HostCopy, to_device
 
@@ -69,14 +71,17 @@ class Sampler:
     def __init__(self, eos_token_ids: Iterable[int]) -> None:
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
-                 sampled_ids: torch.Tensor | None = None) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], sampled_ids: torch.Tensor | None = None,
+                 bitmask: torch.Tensor | None = None) -> SamplerOutput:
         """`logits` [len(seqs), vocab] for the sampled sequences in batch order (not modified);
-        `sampled_ids`: the previous step's, which placeholder tokens in `seqs` stand for."""
+        `sampled_ids`: the previous step's, which placeholder tokens in `seqs` stand for; `bitmask`:
+        the rows' allowed tokens (structured output), packed int32 on the host."""
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
         params = [s.sampling_params for s in seqs]
         logits = logits.to(torch.float32, copy=True)
         self._mask_early_stop(logits, seqs)
+        if bitmask is not None:
+            ops.apply_token_bitmask(logits, to_device(bitmask, torch.int32, logits.device))
         logits = self._apply_penalties(logits, seqs, sampled_ids)
 
         device = logits.device

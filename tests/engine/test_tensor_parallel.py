@@ -3,6 +3,7 @@ when there are) against one rank on the same weights; the worker processes' life
 failure, rank 0's death), on the CPU."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -64,6 +65,16 @@ def test_two_ranks_generate_the_same_greedy_tokens(one_and_two_ranks):
     assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == expected
     # Async scheduling: rank 0 filled the placeholders before broadcasting the step inputs.
     assert two.engine.get_stats().num_async_steps > 0
+
+
+def test_two_ranks_follow_structured_output_constraints_alike(one_and_two_ranks):
+    one, two = one_and_two_ranks
+    guided = [SamplingParams(temperature=1.0, seed=i, max_tokens=32, structured_outputs=spec) for i, spec in
+              enumerate([{"regex": r"[a-z]{2,6}-\d{3}"}, {"json": {"type": "object", "properties": {
+                  "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}}, None])]
+    expected = one.generate(PROMPTS, guided)
+    assert [o.token_ids for o in two.generate(PROMPTS, guided)] == [o.token_ids for o in expected]
+    assert expected[1].finish_reason == "stop" and json.loads(expected[1].text)["n"] in range(10)
 
 
 def test_two_ranks_give_close_logits(one_and_two_ranks):

@@ -11,6 +11,9 @@
    (parameters.ragstack_abort). The llm behind a model: the model itself if its backend is
    triton_llm, else the models its ensemble steps or its `llm_model` parameter name, found from the
    models' configs and kept for a minute.
+3. Nested parameters. Triton takes only strings, numbers and bools in "parameters"; an object or a
+   list there (a JSON schema in guided_json, a list in guided_choice or stop) is passed as its JSON
+   text, which the llm reads as the value itself.
 """
 from __future__ import annotations
 
@@ -56,6 +59,9 @@ class GenerateBodies:
             parameters = request["parameters"] = {}
         if not isinstance(parameters, dict):
             return json.dumps(request).encode(), None
+        for name, value in parameters.items():
+            if isinstance(value, (dict, list)) and name not in inputs:
+                parameters[name] = json.dumps(value)
         key = parameters[CANCEL_KEY] = uuid.uuid4().hex
         return json.dumps(request).encode(), key
 
