@@ -1,6 +1,6 @@
 """The embedded server listens on 127.0.0.1 only unless told otherwise: the kernel's socket table
 for the session server's ports (the gateway's and, behind it, Triton's own HTTP port, which is on
-loopback whatever the address), and the defaults of the launcher and of `ragstack serve`."""
+loopback whatever the address; the OpenAI frontend's), and the defaults of the launcher and of `ragstack serve`."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,8 @@ def listening_addresses(port: int) -> set[str]:
 @pytest.mark.server
 def test_the_session_server_listens_on_loopback_only(triton_server):
     options = triton_server.options
-    for port in (options.http_port, triton_server.triton_http_port, options.grpc_port, options.metrics_port):
+    for port in (options.http_port, triton_server.triton_http_port, options.grpc_port, options.metrics_port,
+                 options.openai_port):
         assert listening_addresses(port) == {"127.0.0.1"}, port
 
 
