@@ -1,7 +1,8 @@
 """The OpenAI frontend as a process of `ragstack serve`, with an API key (from a file) and the admin key (from
 $RAGSTACK_ADMIN_KEY): its URL printed, its flags passed on, every API call needing the bearer key and model
-load and unload the admin key, neither key on its command line (the API key on none), and a frontend that
-dies reported (and the server stopped) like a server that dies. The tests run in order on one `ragstack serve`."""
+load and unload the admin key, neither key on its command line (the API key on none), a stalled body
+holding its place in max_inflight only until body_timeout, and a frontend that dies reported (and the server
+stopped) like a server that dies. The tests run in order on one `ragstack serve`."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx2 as httpx
@@ -17,6 +19,7 @@ from openai import AuthenticationError, OpenAI
 
 from ragstack import admin_key, openai_frontend, process_tree, serve
 from ragstack.launcher import free_port
+from raw_http import connect, read_response, request_bytes
 from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
 pytestmark = pytest.mark.server
@@ -33,7 +36,7 @@ def served(tmp_path_factory):
         [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
          "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
          "--metrics-port", str(opts.metrics_port), "--openai-port", str(port), "--openai-api-key-file", str(key_file),
-         "--openai-max-body-bytes", "1000"],
+         "--openai-max-body-bytes", "1000", "--openai-max-inflight", "1", "--openai-body-timeout", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, admin_key.ENV: ADMIN_KEY})
     lines = []
     for line in process.stdout:
@@ -77,6 +80,25 @@ def test_the_frontend_needs_its_keys_and_takes_its_flags(served):
     assert httpx.post(f"{url}/v1/models/echo/load", headers=admin, timeout=60).json()["loaded"] is True
     missing = httpx.post(f"{url}/v1/models/no_such_model/load", headers=admin, timeout=60)
     assert 400 <= missing.status_code < 500 and "no_such_model" in missing.json()["error"]["message"]
+
+
+def test_a_stalled_body_holds_a_place_until_its_timeout(served):
+    """With max_inflight 1, a request whose body stalls makes the next one 503 with Retry-After until the
+    body timeout (1 s) answers it 408; health stays open meanwhile."""
+    _, port, _ = served
+    url = f"127.0.0.1:{port}"
+    with connect(url) as stalled:
+        stalled.sendall(request_bytes("POST", "/v1/embeddings", headers={
+            "Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json", "Content-Length": "100"}) + b"{")
+        time.sleep(0.3)
+        refused = httpx.post(f"http://{url}/v1/embeddings", headers={"Authorization": f"Bearer {API_KEY}"}, json={})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        assert "the limit (max_inflight)" in refused.json()["error"]["message"]
+        assert httpx.get(f"http://{url}/health").status_code == 200
+        status, _, body = read_response(stalled)
+    assert status == 408 and b"no request body data for 1 s (body_timeout_s)" in body
+    assert httpx.post(f"http://{url}/v1/embeddings", headers={"Authorization": f"Bearer {API_KEY}"},
+                      json={}).status_code == 400   # its place is free again: answered, not refused
 
 
 def test_serve_reports_the_frontends_death(served):

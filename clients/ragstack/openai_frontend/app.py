@@ -8,7 +8,7 @@ import sys
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ragstack import admin_key
@@ -42,7 +42,8 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     app.add_middleware(Guard, max_inflight=limits.max_inflight, api_key=api_key)
     app.add_middleware(metrics.Metrics)   # outermost: it sees the guard's refusals too
     app.add_exception_handler(APIError, lambda _request, exc: exc.response())
-    app.add_exception_handler(ClientGone, lambda _request, _exc: Response(status_code=CLIENT_CLOSED))
+    for gone in (ClientGone, ClientDisconnect):   # before its answer; or while it sent its body
+        app.add_exception_handler(gone, lambda _request, _exc: Response(status_code=CLIENT_CLOSED))
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
 

@@ -1,7 +1,7 @@
 """The OpenAI frontend's limits: what each guards, its default, and its flag. `ragstack serve` and
 `python -m ragstack.openai_frontend` take the same flags (add_arguments); the launcher passes them on
 (to_args). A request past one is answered 400 naming the field, its size and the limit's name
-(413 for the body, 503 with Retry-After for max_inflight)."""
+(413 for the body, 408 for a stalled one, 503 with Retry-After for max_inflight)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,8 @@ class FrontendLimits:
     max_body_bytes: int = _knob(4 << 20, "largest request body in bytes (413 beyond)")
     # Python's JSON parser recurses; OpenAI bodies nest 5 deep (messages, content parts, ...).
     max_json_depth: int = _knob(32, "deepest JSON nesting of a request body")
+    # A stalled body holds one of max_inflight's places: bounded as the gateway bounds it.
+    body_timeout_s: float = _knob(30.0, "longest pause in a request body in seconds (408 beyond)")
     max_inflight: int = _knob(1024, "requests served at once; past it 503 with Retry-After")
     # Each choice is one llm request: n, or prompts x n for completions.
     max_choices: int = _knob(64, "choices one request may ask for (n, or prompts x n)")
@@ -42,7 +44,7 @@ class FrontendLimits:
 
 
 def _flag(name: str) -> str:
-    return "--openai-" + name.replace("_", "-")
+    return "--openai-" + name.removesuffix("_s").replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,9 @@
-"""A request's body, bounded before it is parsed: its size (max_body_bytes, counted as it arrives),
-its JSON nesting (max_json_depth, counted without parsing: Python's parser recurses), then its JSON and
-its fields (a pydantic model). Every refusal names the limit or the field."""
+"""A request's body, bounded before it is parsed: its size (max_body_bytes, counted as it arrives), its
+pauses (body_timeout_s), its JSON nesting (max_json_depth, counted without parsing: Python's parser
+recurses), then its JSON and its fields (a pydantic model). Every refusal names the limit or the field."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TypeVar
 
@@ -23,7 +24,15 @@ async def read(request: Request, limits: FrontendLimits) -> bytes:
         raise APIError(413, f"the request body is {declared} bytes; the limit is {cap} (max_body_bytes)",
                        code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), limits.body_timeout_s)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise APIError(408, f"no request body data for {limits.body_timeout_s:g} s (body_timeout_s)",
+                           code="timeout") from None
         size += len(chunk)
         if size > cap:
             raise APIError(413, f"the request body is more than {cap} bytes (max_body_bytes)",
