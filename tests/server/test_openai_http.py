@@ -116,8 +116,9 @@ def test_a_full_llm_queue_is_503_with_retry_after(triton_server):
 @pytest.mark.parametrize("model,stream", [("llm", True), ("llm", False), ("rag", True), ("rag", False)])
 def test_a_client_that_goes_away_frees_its_llm_requests(triton_server, model, stream):
     """8 long generations, their clients gone once all run: the llm runs none 2.5 s later, and its KV blocks
-    are free (uncancelled, these run about 4 s (rag) to 10 s (llm) here). `rag`: Triton 2.51's ensemble does not pass the
-    cancellation on to rag_generate's running step; the frontend aborts the generation by its cancel key."""
+    are free (uncancelled, these run about 4 s (rag) to 10 s (llm) here). `rag`: Triton 2.51's ensemble does
+    not pass the cancellation on to rag_generate's running step; the frontend aborts the generation by its
+    cancel key."""
     metrics = triton_server.metrics_url
     wait_for_metric(metrics, RUNNING, "llm", lambda v: v == 0)
     body = {"model": model, "messages": [{"role": "user", "content": "How does paged attention store the KV cache?"}],
