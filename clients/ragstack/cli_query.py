@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-n", type=int, help="reranked passages in the prompt (1-16; default 4)")
     parser.add_argument("--max-tokens", type=int, help="longest answer, in tokens")
     parser.add_argument("--sampling", metavar="JSON", help='sampling parameters, e.g. \'{"temperature": 0}\'')
+    parser.add_argument("--answer-format", choices=["text", "json"],
+                        help='json: {"answer": ..., "citations": [source numbers]}, schema-constrained')
+    parser.add_argument("--max-answer-chars", type=int, help="with --answer-format json: the answer's longest")
     parser.add_argument("--no-stream", action="store_true", help="one response instead of a stream")
     parser.add_argument("--context", action="store_true", help="print the messages and sources only")
     add_connection_arguments(parser)
@@ -40,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
                 _print_sources(context.sources)
                 return EXIT_OK
             stream = client.query(args.question, args.top_k, args.top_n, sampling, args.max_tokens,
-                                  stream=not args.no_stream)
+                                  stream=not args.no_stream, answer_format=args.answer_format,
+                                  max_answer_chars=args.max_answer_chars)
             for delta in stream:
                 sys.stdout.write(delta)
                 sys.stdout.flush()

@@ -58,6 +58,15 @@ def _query_tensors(text: str, top_k: int | None, top_n: int | None) -> dict[str,
     return tensors
 
 
+def _rag_tensors(text: str, top_k: int | None, top_n: int | None, answer_format: str | None,
+                 max_answer_chars: int | None) -> dict:
+    tensors = _query_tensors(text, top_k, top_n)
+    if answer_format is not None:
+        tensors["answer_format"] = _bytes([answer_format])
+    _optional_int(tensors, "max_answer_chars", max_answer_chars)
+    return tensors
+
+
 def _generation_tensors(tensors: dict, stream: bool, sampling_parameters: dict | None,
                         max_tokens: int | None) -> dict[str, np.ndarray]:
     tensors["stream"] = np.array([stream], dtype=np.bool_)
@@ -192,9 +201,13 @@ class RagClient:
 
     def query(self, text: str, top_k: int | None = None, top_n: int | None = None,
               sampling_parameters: dict | None = None, max_tokens: int | None = None,
-              stream: bool = True) -> TextStream:
-        """Ask the rag ensemble; iterate the result for the answer's text, then read `.answer.sources`."""
-        tensors = _generation_tensors(_query_tensors(text, top_k, top_n), stream, sampling_parameters, max_tokens)
+              stream: bool = True, answer_format: str | None = None,
+              max_answer_chars: int | None = None) -> TextStream:
+        """Ask the rag ensemble; iterate the result for the answer's text, then read `.answer.sources`.
+        answer_format "json": the text is {"answer": ..., "citations": [source numbers]}, the answer at
+        most max_answer_chars characters (the server's default: 2000)."""
+        tensors = _generation_tensors(_rag_tensors(text, top_k, top_n, answer_format, max_answer_chars), stream,
+                                      sampling_parameters, max_tokens)
         return TextStream(self._t.stream(RAG, tensors, stream))
 
     def generate(self, prompt: str | None = None, messages: list[dict] | None = None,
@@ -257,8 +270,10 @@ class AsyncRagClient:
 
     def query(self, text: str, top_k: int | None = None, top_n: int | None = None,
               sampling_parameters: dict | None = None, max_tokens: int | None = None,
-              stream: bool = True) -> AsyncTextStream:
-        tensors = _generation_tensors(_query_tensors(text, top_k, top_n), stream, sampling_parameters, max_tokens)
+              stream: bool = True, answer_format: str | None = None,
+              max_answer_chars: int | None = None) -> AsyncTextStream:
+        tensors = _generation_tensors(_rag_tensors(text, top_k, top_n, answer_format, max_answer_chars), stream,
+                                      sampling_parameters, max_tokens)
         return AsyncTextStream(self._t.stream(RAG, tensors, stream))
 
     def generate(self, prompt: str | None = None, messages: list[dict] | None = None,

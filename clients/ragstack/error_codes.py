@@ -47,6 +47,7 @@ _FAMILIES = [
         r"Stub process '[^']+' is not healthy",                       # Triton: a Python model's stub died
         r"triton_llm: \w+: ",                                         # a failure of the llm's own code
         r"request '[^']+' failed: ",                                  # the engine failed the request's step
+        r"rag_generate: the answer does not follow answer_format",    # a JSON answer the schema should have made
     ]),
     ("INVALID_ARG", [
         # the llm: its inputs (backends/triton_llm/llm_request.py, sampling_values.py; llm_engine's checks)
@@ -55,6 +56,8 @@ _FAMILIES = [
         rf"(?:{_SAMPLING_FIELDS}) must ", r"prompt has \d+ tokens; it must be shorter than max_model_len",
         r"prompt must not be empty", r"prompt \+ max_tokens = \d+ tokens needs \d+ KV blocks",
         r"When streaming, `exclude_input_in_output` = False is not allowed", r"LoRA feature is not enabled",
+        r"structured output", r"unknown structured output key",       # llm_engine's structured output
+        r"(?:rag_generate: )?(?:answer_format|max_answer_chars)[: ]",  # rag_generate's answer_format
         # the other models' inputs: tokenizers, retriever, prompt_builder, rag_generate, the ONNX models
         rf"(?:{_STEP_INPUTS})(?:\[\d+\])?(?::| is )", r"query is empty", r"passages, sources, passage_ids and scores",
         r"rag_generate: missing input", r"input_ids, attention_mask and token_type_ids must",

@@ -22,6 +22,9 @@ request with UNAVAILABLE and frees the slot. Triton 2.51's BLS response iterator
 when the llm's stub process dies it never answers again: without the watcher the request, and its
 slot, would wait forever (the relay thread still does, and is left behind). A BLS request and its
 responses stay in that one thread, as in the Python backend's own BLS examples.
+
+answer_format "json" (structured_answer.py) asks the llm for {"answer", "citations"} under a JSON
+schema whose citations can only be the numbers of the sources given, and checks the complete answer.
 """
 import json
 import threading
@@ -30,12 +33,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import structured_answer
 import triton_python_backend_utils as pb_utils
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The llm's control parameters (backends/triton_llm/llm_request.py: CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND).
 CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND = "ragstack_cancel_key", "ragstack_abort", "ragstack_errors_in_band"
-PASSED_TO_LLM = ("messages", "stream", "sampling_parameters", "max_tokens")
+PASSED_TO_LLM = ("stream", "max_tokens")
 REQUIRED = ("messages", "sources")
 
 
@@ -46,6 +50,7 @@ class TritonPythonModel:
         self.llm = params.get("llm_model", "llm")
         self.max_inflight = int(params.get("max_inflight", "64"))
         self.idle_timeout_s = float(params.get("llm_idle_timeout_s", "60"))
+        self.max_answer_chars = int(params.get("max_answer_chars", "2000"))
         self.slots = threading.BoundedSemaphore(self.max_inflight)
         self.pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="rag_generate")
 
@@ -103,12 +108,36 @@ class TritonPythonModel:
         stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
         stream = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
         sources = pb_utils.get_input_tensor_by_name(request, "sources").as_numpy()
+        messages, sampling = _text(request, "messages"), _text(request, "sampling_parameters")
+        answer_format = _text(request, "answer_format") or "text"
+        num_sources = len(json.loads(sources.reshape(-1)[0]))
+        if answer_format not in structured_answer.FORMATS:
+            relay.send(_invalid(f"answer_format: {answer_format!r} is not one of {list(structured_answer.FORMATS)}"),
+                       FINAL)
+            return
+        if answer_format == "json":
+            max_chars = self.max_answer_chars
+            tensor = pb_utils.get_input_tensor_by_name(request, "max_answer_chars")
+            if tensor is not None:
+                max_chars = int(tensor.as_numpy().reshape(-1)[0])
+                if not 1 <= max_chars <= self.max_answer_chars:
+                    relay.send(_invalid(f"max_answer_chars: {max_chars} is out of range; it must be 1 to "
+                                        f"{self.max_answer_chars} (parameter max_answer_chars)"), FINAL)
+                    return
+            try:
+                sampling, messages = structured_answer.constrained(sampling, messages, num_sources, max_chars)
+            except ValueError as error:
+                relay.send(_invalid(f"rag_generate: {error}"), FINAL)
+                return
+        inputs.append(pb_utils.Tensor("messages", np.array([messages.encode()], dtype=object)))
+        if sampling is not None:
+            inputs.append(pb_utils.Tensor("sampling_parameters", np.array([sampling.encode()], dtype=object)))
         parameters = {**json.loads(request.parameters() or "{}"), CANCEL_KEY: relay.key, ERRORS_IN_BAND: True}
         llm_request = pb_utils.InferenceRequest(
             model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason", "error"],
             parameters=parameters)
 
-        first = True
+        first, answer = True, []
         for response in llm_request.exec(decoupled=True):
             relay.last_response = time.monotonic()
             if response.has_error():
@@ -123,6 +152,14 @@ class TritonPythonModel:
             tensors = response.output_tensors()
             if not tensors:
                 continue
+            if answer_format == "json":
+                answer.append(_output_text(response, "text_output"))
+                if _output_text(response, "finish_reason") == "stop":
+                    problem = structured_answer.check("".join(answer), num_sources)
+                    if problem is not None:  # the schema should have made this impossible
+                        relay.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                            f"rag_generate: the answer does not follow answer_format 'json': {problem}")), FINAL)
+                        return
             if first:
                 tensors = [*tensors, pb_utils.Tensor("sources", sources)]
                 first = False
@@ -144,6 +181,26 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=True)
+
+
+def _text(request, name: str) -> str | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _output_text(response, name: str) -> str:
+    tensor = pb_utils.get_output_tensor_by_name(response, name)
+    if tensor is None or not tensor.as_numpy().size:
+        return ""
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _invalid(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
 
 
 class _Relay:
