@@ -2,7 +2,9 @@
 (decoupled models), unary inference, model configs (cached), the repository index, load and unload.
 
 One channel serves every request. A stream whose consumer stops early is cancelled, which makes
-Triton cancel the request (the llm frees its KV blocks). Every failure is an APIError.
+Triton cancel the request (the llm frees its KV blocks). Every failure is an APIError. An address
+`dns:///HOST:PORT` (on Kubernetes, a headless Service: one address per Triton pod) spreads requests over
+every address the name resolves to (round_robin), where HOST:PORT keeps one connection to one server.
 """
 from __future__ import annotations
 
@@ -43,10 +45,27 @@ def flag(value: bool) -> np.ndarray:
     return np.array([value], dtype=np.bool_)
 
 
+def channel_args(address: str) -> list[tuple[str, object]] | None:
+    """None (tritonclient's defaults) for HOST:PORT; for `dns:///HOST:PORT` the same options with the
+    round_robin policy, so each new stream goes to the next Triton pod rather than all of them to the one
+    pod a single connection reached. The name is resolved again when a pod's connection closes (a pod
+    drained or replaced); docs/scaling.md says when new pods get traffic."""
+    if not address.startswith("dns:"):
+        return None
+    keepalive = grpcaio.KeepAliveOptions()
+    return [("grpc.max_send_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.lb_policy_name", "round_robin")]
+
+
 class Triton:
     def __init__(self, address: str, key: str | None):
         self.address = address
-        self._client = grpcaio.InferenceServerClient(address)
+        self._client = grpcaio.InferenceServerClient(address, channel_args=channel_args(address))
         self._admin = admin_key.headers("grpc", key)
         self._configs: dict[str, tuple[float, dict | None]] = {}
 
