@@ -34,6 +34,7 @@ BENCHMARKS = (  # in the page's order
     Benchmark("engine", "bench_engine", "Engine in-process vs HF generate()"),
     Benchmark("kernels", "bench_kernels", "Kernels alone, against the limits measured in the run"),
     Benchmark("serving", "bench_serving", "LLM through Triton vs in-process, and HF generate() through Triton"),
+    Benchmark("send", "bench_send", "Decoupled response sends of one Python-backend stub (no engine)"),
     Benchmark("step_host", "bench_step_host", "Host time per engine step, async scheduling off / on"),
     Benchmark("reload", "bench_reload", "LLM unload / load cycles"),
     Benchmark("embed", "bench_embed", "Embedding through Triton vs in-process"),
