@@ -3,8 +3,11 @@
 
 A version folder `model_repository/retriever/<N>/` holds:
   index.faiss     FAISS index over L2-normalised embeddings, inner product (= cosine); row i is passage i
-  passages.jsonl  one JSON object per row: {"id", "source", "chunk", "text"}
-  manifest.json   what was indexed and how: fingerprint, counts, dimension, index type, chunking, embedder
+  passages.jsonl  one JSON object per row: {"id", "source", "chunk", "text", "tokens", "lines", "pages"}
+                  (versions built before token chunking have the first four only)
+  manifest.json   what was indexed and how: fingerprint, counts, dimension, index type, chunking, embedder,
+                  retrieval ("dense" or "hybrid": the index's default), the build report
+  bm25/           a BM25 index of the same rows (bm25s), for hybrid retrieval; absent in older versions
 
 Index type: an exact IndexFlatIP below HNSW_MIN_VECTORS vectors, IndexHNSWFlat (inner product)
 from there. A flat scan of 50,000 x 384 floats is ~19 M multiply-adds per query, a few ms on
@@ -30,12 +33,28 @@ HNSW_EF_CONSTRUCTION = 200
 HNSW_EF_SEARCH = 128          # >= the retriever's max top_k, so a search can return every slot
 
 
+BM25_DIR = "bm25"
+RETRIEVAL_MODES = ("dense", "hybrid")
+
+
 @dataclass(frozen=True)
 class Passage:
     id: str        # stable chunk id (chunking.chunk_id)
     source: str    # document path relative to the indexed folder
     chunk: int     # chunk index within the document
     text: str
+    tokens: int | None = None          # embedder tokens, special tokens included
+    lines: list[int] | None = None     # [first, last] line of the document's text
+    pages: list[int] | None = None     # [first, last] page (PDF)
+
+    def location(self) -> dict:
+        """Where in its document the passage is: {"chunk", "lines"?, "pages"?}."""
+        where = {"chunk": self.chunk}
+        if self.lines:
+            where["lines"] = list(self.lines)
+        if self.pages:
+            where["pages"] = list(self.pages)
+        return where
 
 
 @dataclass
@@ -83,8 +102,42 @@ def latest(model_dir: Path) -> IndexVersion | None:
     return read_manifest(model_dir, found[-1]) if found else None
 
 
+BM25_STOPWORDS = "en"
+
+
+def bm25_tokens(texts: list[str]) -> list[list[str]]:
+    """Words for BM25, the same for passages and queries: lower case, 2+ word characters, no English
+    stop words (identifiers such as `__init__` or `removeprefix` stay whole)."""
+    import bm25s  # noqa: PLC0415
+
+    return bm25s.tokenize(texts, stopwords=BM25_STOPWORDS, return_ids=False, show_progress=False)
+
+
+def write_bm25(folder: Path, texts: list[str]) -> None:
+    import bm25s  # noqa: PLC0415
+
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(texts, stopwords=BM25_STOPWORDS, show_progress=False), show_progress=False)
+    retriever.save(str(folder / BM25_DIR), show_progress=False)
+
+
+def load_bm25(version_dir: Path):
+    """The version's BM25 index (bm25s), or None for a version built without one."""
+    if not (version_dir / BM25_DIR).is_dir():
+        return None
+    import bm25s  # noqa: PLC0415
+
+    return bm25s.BM25.load(str(version_dir / BM25_DIR), show_progress=False)
+
+
+def load_vectors(version_dir: Path) -> np.ndarray:
+    """The version's stored embeddings (unit length), row i for passage i: an incremental build reuses them."""
+    index = load_index(version_dir)
+    return index.reconstruct_n(0, index.ntotal)
+
+
 def write_version(model_dir: Path, version: int, vectors: np.ndarray, passages: list[Passage],
-                  manifest: dict, index_type: str = "auto") -> IndexVersion:
+                  manifest: dict, index_type: str = "auto", bm25: bool = True) -> IndexVersion:
     """Write version `version` atomically: built in a staging folder, then renamed into place.
 
     Triton ignores the staging folder (not a number), so a poll or load never sees half a version.
@@ -102,7 +155,10 @@ def write_version(model_dir: Path, version: int, vectors: np.ndarray, passages: 
         faiss.write_index(index, str(staging / INDEX_FILE))
         with open(staging / PASSAGES_FILE, "w", encoding="utf-8") as out:
             for passage in passages:
-                out.write(json.dumps(asdict(passage), ensure_ascii=False) + "\n")
+                row = {k: v for k, v in asdict(passage).items() if v is not None}
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        if bm25:
+            write_bm25(staging, [p.text for p in passages])
         manifest = {**manifest, "version": version, "count": len(passages), "dim": int(vectors.shape[1]),
                     "index_type": index_type}
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")

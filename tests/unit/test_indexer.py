@@ -1,5 +1,5 @@
-"""Documents, chunking, stable ids, path safety and the index format (re-indexing through the
-server: server/test_index_build.py)."""
+"""Documents (text, Markdown, HTML, PDF, per-file errors), path safety and the index format (chunking:
+test_chunking.py; re-indexing through the server: server/test_index_build.py)."""
 from __future__ import annotations
 
 import os
@@ -8,44 +8,8 @@ import numpy as np
 import pytest
 
 from ragstack import index_store, indexer
-from ragstack.chunking import chunk_documents, chunk_id, split_words
-from ragstack.documents import Document, DocumentError, UnsafePathError, html_to_text, read_folder
-
-
-def words(n: int, prefix: str = "w") -> str:
-    return " ".join(f"{prefix}{i}" for i in range(n))
-
-
-# --- chunking ---------------------------------------------------------------------------------
-
-def test_windows_overlap_and_cover_the_text():
-    chunks = split_words(words(250), chunk_words=100, overlap_words=20)
-    assert [len(c.split()) for c in chunks] == [100, 100, 90]
-    assert chunks[0].split()[-20:] == chunks[1].split()[:20]         # 20 words shared
-    assert chunks[-1].split()[-1] == "w249"                         # the last word is in the last chunk
-    assert split_words(words(100), 100, 20) == [words(100)]         # an exact fit is one chunk
-    assert split_words("  a\n\n b\t c ", 100, 20) == ["a b c"]       # whitespace normalised
-    assert split_words("", 100, 20) == []
-
-
-@pytest.mark.parametrize("chunk_words, overlap, message", [(0, 0, "chunk_words"), (10, 10, "overlap_words"),
-                                                           (10, -1, "overlap_words")])
-def test_bad_chunking_settings(chunk_words, overlap, message):
-    with pytest.raises(ValueError, match=message):
-        split_words("a b c", chunk_words, overlap)
-
-
-def test_chunk_ids_are_stable_and_change_with_the_text():
-    docs = [Document("a.md", words(150, "a")), Document("b.md", words(50, "b"))]
-    first = chunk_documents(docs, 100, 20)
-    assert [c.id for c in first] == [c.id for c in chunk_documents(docs, 100, 20)]
-    assert len({c.id for c in first}) == len(first) == 3
-    assert first[0].id == chunk_id("a.md", 0, first[0].text)
-    edited = chunk_documents([docs[0], Document("b.md", words(50, "b") + " new")], 100, 20)
-    assert [c.id for c in edited][:2] == [c.id for c in first][:2]  # a.md untouched
-    assert edited[2].id != first[2].id
-    renamed = chunk_documents([Document("c.md", docs[1].text)], 100, 20)
-    assert renamed[0].id != first[2].id                              # the path is part of the id
+from pdf_files import pdf_bytes
+from ragstack.documents import DocumentError, UnsafePathError, html_to_text, pdf_to_text, read_folder
 
 
 # --- documents --------------------------------------------------------------------------------
@@ -56,18 +20,56 @@ def test_html_text_has_title_and_blocks_without_script():
     assert text.splitlines() == ["T & U", "Head", "One two", "three"]
 
 
+def test_html_keeps_code_and_table_rows():
+    text = html_to_text("<h1>Code</h1><pre>def f(x):\n    return  x\n</pre>"
+                        "<table><tr><th>name</th><th>value</th></tr><tr><td>a</td><td>1</td></tr></table>")
+    assert text.splitlines() == ["Code", "def f(x):", "    return  x", "name | value", "a | 1"]
+
+
 def test_reads_supported_files_sorted_and_skips_the_rest(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.md").write_text("# B\nbee")
     (tmp_path / "a.txt").write_text("ay")
     (tmp_path / "c.html").write_text("<p>sea</p>")
-    (tmp_path / "d.pdf").write_bytes(b"%PDF")
+    (tmp_path / "d.pdf").write_bytes(pdf_bytes([["dee"]]))
+    (tmp_path / "e.docx").write_bytes(b"PK")
     (tmp_path / ".hidden.md").write_text("no")
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "x.md").write_text("no")
     (tmp_path / "blank.md").write_text("  \n")
     docs = read_folder(tmp_path)
-    assert [(d.source, d.text) for d in docs] == [("a.txt", "ay"), ("c.html", "sea"), ("sub/b.md", "# B\nbee")]
+    assert [(d.source, d.text.strip()) for d in docs] == [("a.txt", "ay"), ("c.html", "sea"), ("d.pdf", "dee"),
+                                                          ("sub/b.md", "# B\nbee")]
+
+
+def test_markdown_keeps_its_lines_and_indentation(tmp_path):
+    (tmp_path / "t.md").write_text("# Title\r\n\n| a | b |\n|---|---|\n| 1 | 2 |   \n\n```\ndef f():\n\treturn 1\n```\n")
+    (doc,) = read_folder(tmp_path)
+    assert doc.text.splitlines() == ["# Title", "", "| a | b |", "|---|---|", "| 1 | 2 |", "", "```", "def f():",
+                                     "    return 1", "```"]
+
+
+def test_pdf_pages_and_where_they_start():
+    text, starts = pdf_to_text(pdf_bytes([["First page, line one", "line two"], ["Second (page)"]]))
+    assert text.splitlines()[:2] == ["First page, line one", "line two"]
+    assert starts[0] == 0 and text[starts[1]:].startswith("Second (page)")
+
+
+def test_a_file_that_cannot_be_read_is_reported_and_the_rest_read(tmp_path):
+    (tmp_path / "good.md").write_text("fine")
+    (tmp_path / "damaged.pdf").write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog")
+    (tmp_path / "empty.pdf").write_bytes(pdf_bytes([[]]))
+    (tmp_path / "huge.txt").write_bytes(b"x" * 11 * 2**20)
+    os.mkfifo(tmp_path / "pipe.md")
+    errors = []
+    assert [d.source for d in read_folder(tmp_path, errors)] == ["good.md"]
+    said = {e.source: e.message for e in errors}
+    assert set(said) == {"damaged.pdf", "empty.pdf", "huge.txt", "pipe.md"}
+    assert said["damaged.pdf"].startswith("cannot read the PDF")
+    assert "no text in its 1 page(s)" in said["empty.pdf"]
+    assert "larger than 10 MiB" in said["huge.txt"] and "not a regular file" in said["pipe.md"]
+    with pytest.raises(DocumentError, match="damaged.pdf: cannot read the PDF"):
+        read_folder(tmp_path)                      # without a list: the first one raises
 
 
 def test_symlinks_outside_the_folder_are_rejected(tmp_path):
@@ -114,7 +116,8 @@ def test_links_out_from_a_subfolder_and_through_a_chain_are_rejected(tmp_path):
 
 
 def test_only_regular_files_are_read(tmp_path):
-    """A FIFO named like a document would block an open() forever; it is refused at once."""
+    """A FIFO named like a document would block an open() forever; it is refused at once (and, given a
+    list, reported there: test_a_file_that_cannot_be_read_is_reported_and_the_rest_read)."""
     (tmp_path / "ok.md").write_text("fine")
     os.mkfifo(tmp_path / "pipe.md")
     with pytest.raises(DocumentError, match="pipe.md is not a regular file"):
@@ -156,3 +159,17 @@ def test_hnsw_and_flat_versions_round_trip(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no staging left behind
     index, kind = index_store.make_index(vectors[:10])
     assert kind == "flat"   # auto: flat below HNSW_MIN_VECTORS
+    stored = index_store.load_vectors(tmp_path / "2")           # what an incremental build reuses
+    assert np.allclose(stored[42], vectors[42] / np.linalg.norm(vectors[42]), atol=1e-6)
+
+
+def test_a_version_has_bm25_over_its_passages(tmp_path):
+    texts = ["str.removeprefix(prefix) returns a copy without the prefix", "the while statement repeats",
+             "pdb is the Python debugger"]
+    passages = [index_store.Passage(f"id{i}", "t.md", i, t, 12, [i + 1, i + 1]) for i, t in enumerate(texts)]
+    written = index_store.write_version(tmp_path, 1, np.eye(3, dtype=np.float32), passages, {})
+    bm25 = index_store.load_bm25(written.path)
+    result = bm25.retrieve(index_store.bm25_tokens(["removeprefix"]), k=3, show_progress=False)
+    assert result.documents[0][0] == 0 and result.scores[0][0] > 0 == result.scores[0][1]
+    row = index_store.load_passages(written.path)[1]
+    assert row.location() == {"chunk": 1, "lines": [2, 2]} and row.tokens == 12
