@@ -88,7 +88,7 @@ def promql_metrics(expr: str) -> set[str]:
 
 def promql_labels(expr: str) -> set[str]:
     """Labels named in selectors and in by/without clauses (templates of prometheus-adapter removed)."""
-    expr = _TEMPLATE.sub("", expr)
+    expr = _STRING.sub('""', _TEMPLATE.sub("", expr))
     labels = set()
     for group in _GROUPING.findall(expr):
         labels.update(name.strip() for name in group.split(",") if name.strip())

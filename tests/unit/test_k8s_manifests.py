@@ -480,3 +480,11 @@ def test_the_image_holds_the_backends_compose_mounts(everything):
     for pod in triton_pods(everything):
         assert not [m for m in triton_container(pod).get("volumeMounts", [])
                     if m["mountPath"].startswith("/opt/tritonserver/backends")]
+
+
+def test_the_label_reading_sees_what_the_rules_group_by():
+    """The PromQL reading that tests/server/test_k8s_metrics.py relies on."""
+    expr = ('sum by (<<.GroupBy>>) (rate(nv_inference_queue_duration_us{<<.LabelMatchers>>,model!~"rag|embed"}[1m]))'
+            ' / clamp_min(sum by (model, version) (rate(nv_inference_request_success{x="a{b}"}[1m])), 1e-9)')
+    assert k8s.promql_metrics(expr) == {"nv_inference_queue_duration_us", "nv_inference_request_success"}
+    assert k8s.promql_labels(expr) == {"model", "version", "x"}
