@@ -2,6 +2,13 @@
 (apply_rotary_ref and write_kv_cache_ref are the two halves of rotary_and_write_kv_ref)."""
 from llm_engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from llm_engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from llm_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, fp8_linear, fp8_linear_ref
+from llm_engine.kernels.fp8_quant import (
+    dequantize_fp8_weight_ref,
+    quantize_fp8_per_token,
+    quantize_fp8_per_token_ref,
+    quantize_fp8_weight_ref,
+)
 from llm_engine.kernels.kv_store import (
     FP8_E4M3_MAX,
     FP8_SCALE_MIN,
@@ -28,14 +35,22 @@ __all__ = [
     "apply_token_bitmask_ref",
     "dequantize_fp8_cache_ref",
     "dequantize_fp8_ref",
+    "dequantize_fp8_weight_ref",
     "fits_skinny_linear",
+    "fp8_gemm",
+    "fp8_gemm_ref",
+    "fp8_linear",
+    "fp8_linear_ref",
     "gather_kv_ref",
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
     "quantize_fp8_cache_ref",
+    "quantize_fp8_per_token",
+    "quantize_fp8_per_token_ref",
     "quantize_fp8_ref",
+    "quantize_fp8_weight_ref",
     "rms_norm",
     "rms_norm_ref",
     "rotary_and_write_kv",

@@ -5,7 +5,9 @@ CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/inter
 use default.json. Each kernel's section holds a "default" entry and optional overrides per dtype
 or variant: "float32": {...} for tiles that would not fit in shared memory at 4 bytes an element,
 "float8_e4m3fn": {...} for FP8 KV, whose half-size tiles want longer loops in flight,
-"single_row": {...} for skinny_linear's one-row variant on the CUDA cores.
+"single_row": {...} for skinny_linear's one-row variant on the CUDA cores; and row buckets,
+"m<=64": {...} for a GEMM of at most 64 rows (launch_params_for_rows: the smallest bucket that holds
+the rows; past the largest, none).
 Values are chosen offline: nothing is autotuned on the hot path. `override_launch_params` lets
 a benchmark sweep try other values without editing the JSON.
 """
@@ -39,6 +41,20 @@ def launch_params(kernel: str, device: torch.device, *entries: torch.dtype | str
     if unknown:
         raise KeyError(f"{kernel} has no launch parameters {sorted(unknown)}; it has {sorted(params)}")
     return {**params, **override}
+
+
+def launch_params_for_rows(kernel: str, device: torch.device, rows: int, *entries: torch.dtype | str) -> dict:
+    """launch_params with, after `entries`, the section's "m<=R" entry of the smallest R >= rows (a GEMM's
+    tiles, or whether cuBLAS or Triton runs it, per batch size)."""
+    buckets = _row_buckets(kernel, _device_family(device))
+    bucket = next((b for b in buckets if rows <= b), None)
+    return launch_params(kernel, device, *entries, *(() if bucket is None else (f"m<={bucket}",)))
+
+
+@functools.cache
+def _row_buckets(kernel: str, family: str) -> tuple[int, ...]:
+    section = _config_for(family).get(kernel) or _config_for("default")[kernel]
+    return tuple(sorted(int(name[3:]) for name in section if name.startswith("m<=")))
 
 
 @functools.cache

@@ -24,6 +24,12 @@ the CUDA cores with PDL (126.5 without, 134.7 before the first tile moved ahead 
 against 139 us unfused, and (a) runs at 231 tok/s against 209; for 8 or 16 rows the tensor-core variant
 is about 3x slower than cuBLAS, so h200.json fuses single rows only (max_rows 1).
 
+FP8 weights (W [N, K] float8_e4m3fn with `weight_scale` [N], per output channel, fp8_quant.py): the tiles
+are read as e4m3 (half the bytes), widened in registers, and each column's sum is multiplied by its scale
+after the loop. x' stays in x's dtype (W8A16: a batch this small is bound by the weight reads, so
+quantizing the activations would save nothing and only lose precision); the launch config's
+"float8_e4m3fn" entries (and "single_row_float8_e4m3fn") give such weights their own tiles and max_rows.
+
 With `residual`, the output goes into it in place: residual += y (y rounded to the output dtype first, as
 the unfused ops round it). Each program reads and writes only its own columns, so no other program
 sees a half-updated residual. The roundings are those of rms_norm, silu_and_mul and the residual add.
@@ -49,14 +55,25 @@ from llm_engine.kernels.rms_norm import rms_norm_ref
 
 # x rows one program covers: tl.dot's smallest M. Larger batches go to cuBLAS and the unfused ops.
 SKINNY_MAX_ROWS = 16
+FP8 = torch.float8_e4m3fn
 _PLAIN, _NORM, _GATED = 0, 1, 2
 
 
-def fits_skinny_linear(x: torch.Tensor) -> bool:
-    """Whether a step of x's rows takes the fused path on x's device (launch config `max_rows`:
-    0 where cuBLAS and the separate small kernels are faster at every batch)."""
-    max_rows = launch_params("skinny_linear", x.device, x.dtype)["max_rows"]
+def fits_skinny_linear(x: torch.Tensor, weight_dtype: torch.dtype | None = None) -> bool:
+    """Whether a step of x's rows takes the fused path on x's device, for weights of weight_dtype (default:
+    x's) (launch config `max_rows`: 0 where cuBLAS and the separate small kernels are faster at every batch)."""
+    max_rows = _params(x, weight_dtype or x.dtype, single_row=False)["max_rows"]
     return 0 < x.shape[0] <= min(max_rows, SKINNY_MAX_ROWS)
+
+
+def _params(x: torch.Tensor, weight_dtype: torch.dtype, single_row: bool) -> dict:
+    """The launch parameters: "default", x's dtype, then for FP8 weights "float8_e4m3fn"; for the
+    single-row variant "single_row", then "single_row_float8_e4m3fn"."""
+    fp8 = weight_dtype == FP8
+    entries = [x.dtype] + (["float8_e4m3fn"] if fp8 else [])
+    if single_row:
+        entries += ["single_row"] + (["single_row_float8_e4m3fn"] if fp8 else [])
+    return launch_params("skinny_linear", x.device, *entries)
 
 
 def skinny_linear_ref(
@@ -68,16 +85,22 @@ def skinny_linear_ref(
     eps: float = 0.0,
     gated: bool = False,
     residual: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
     residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
-    given) or silu(gate) * up (gated)."""
-    _check_args(x, weight, bias, norm_weight, gated, residual)
+    given) or silu(gate) * up (gated). FP8 weights (float8_e4m3fn with float32 weight_scale [N]) are
+    dequantized and multiplied in float32, x' in x's dtype."""
+    _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale)
     if norm_weight is not None:
         x = rms_norm_ref(x, norm_weight, eps)
     elif gated:
         x = silu_and_mul_ref(x)
-    y = F.linear(x, weight, bias)
+    if weight_scale is not None:
+        y = F.linear(x.float(), weight.float() * weight_scale[:, None], None if bias is None else bias.float())
+        y = y.to(x.dtype)
+    else:
+        y = F.linear(x, weight, bias)
     if residual is None:
         return y
     return residual.copy_((residual.float() + y.float()).to(residual.dtype))
@@ -86,7 +109,7 @@ def skinny_linear_ref(
 # The row count changes with the batch: not specialised on, so one variant per weight shape and mode.
 @triton.jit(do_not_specialize=["M"])
 def _skinny_linear_kernel(
-    x_ptr, w_ptr, b_ptr, norm_w_ptr, out_ptr,
+    x_ptr, w_ptr, w_scale_ptr, b_ptr, norm_w_ptr, out_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -99,6 +122,7 @@ def _skinny_linear_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
+    W_FP8: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,6 +157,8 @@ def _skinny_linear_kernel(
                           EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]
+    if W_FP8:  # each output channel's scale, once per column after the sums
+        acc *= tl.load(w_scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
@@ -154,17 +180,21 @@ def _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K: tl.constexpr):
 @triton.jit
 def _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
                 USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """acc + x' w^T for one K tile, x' computed from x's columns ks on the way."""
+    """acc + x' w^T for one K tile, x' computed from x's columns ks on the way (in x's dtype; FP8
+    weights are widened to it)."""
     x_mask = row_mask[:, None] if EVEN_K else row_mask[:, None] & (ks < K)[None, :]
+    x_dtype = x_rows.dtype.element_ty
     if PROLOGUE == 2:  # gated: x holds [gate | up], K wide each
         gate = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
         up = tl.load(x_rows + K + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
-        x = (gate * tl.sigmoid(gate) * up).to(w.dtype)
+        x = (gate * tl.sigmoid(gate) * up).to(x_dtype)
     else:
         x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
         if PROLOGUE == 1:
             norm_w = tl.load(norm_w_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * rstd[:, None] * norm_w[None, :]).to(w.dtype)
+            x = (x.to(tl.float32) * rstd[:, None] * norm_w[None, :]).to(x_dtype)
+    if USE_DOT and w.dtype != x_dtype:  # e4m3 weights: exact in any wider dtype
+        w = w.to(x_dtype)
     if USE_DOT:
         # The interpreter's tl.dot multiplies bf16's raw uint16 storage; float32 dots sidestep it.
         if UPCAST_DOT:
@@ -185,24 +215,27 @@ def skinny_linear(
     eps: float = 0.0,
     gated: bool = False,
     residual: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
     residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
-    given) or silu(gate) * up (gated). One launch."""
-    _check_args(x, weight, bias, norm_weight, gated, residual)
+    given) or silu(gate) * up (gated). FP8 weights: float8_e4m3fn with float32 weight_scale [N]. One launch."""
+    _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale)
     expect_launchable("x", x, "skinny_linear_ref")
     num_rows, (n, k) = x.shape[0], weight.shape
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device) if residual is None else residual
     if num_rows == 0 or n == 0:
         return out
-    params = launch_params("skinny_linear", x.device, x.dtype)
+    params = _params(x, weight.dtype, single_row=False)
     use_dot = not (num_rows == 1 and params["single_row_on_cuda_cores"])
     if not use_dot:  # the single-row variant's own tiles (no 16-column minimum)
-        params = launch_params("skinny_linear", x.device, x.dtype, "single_row")
+        params = _params(x, weight.dtype, single_row=True)
     pdl = params["programmatic_dependent_launch"] and not interpreting()
     block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
+    w_fp8 = weight.dtype == FP8
     _skinny_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight, out,
+        x, weight, weight_scale if w_fp8 else x, x if bias is None else bias, x if norm_weight is None else norm_weight,
+        out,
         num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), eps,
         BLOCK_M=SKINNY_MAX_ROWS if use_dot else 1,
         BLOCK_N=block_n,
@@ -215,6 +248,7 @@ def skinny_linear(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
         PDL=pdl,
+        W_FP8=w_fp8,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
         **({"launch_pdl": True} if pdl else {}),
@@ -222,7 +256,7 @@ def skinny_linear(
     return out
 
 
-def _check_args(x, weight, bias, norm_weight, gated, residual) -> None:
+def _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale=None) -> None:
     expect_ndim("x", x, 2, "[rows, in_features]" + (" x 2 (gate | up)" if gated else ""))
     expect_ndim("weight", weight, 2, "[out_features, in_features]")
     if x.shape[0] > SKINNY_MAX_ROWS:
@@ -233,8 +267,16 @@ def _check_args(x, weight, bias, norm_weight, gated, residual) -> None:
     if x.shape[1] != in_features:
         raise ValueError(f"x has {x.shape[1]} features but weight takes {weight.shape[1]}"
                          + (" (gated: x must be [gate | up], twice that)" if gated else ""))
+    if weight.dtype == FP8:
+        if weight_scale is None:
+            raise ValueError("FP8 weights (float8_e4m3fn) need their weight_scale [out_features]")
+        expect_shape("weight_scale", weight_scale, (weight.shape[0],))
+        if weight_scale.dtype != torch.float32 or not weight_scale.is_contiguous():
+            raise ValueError(f"weight_scale must be contiguous float32, got {weight_scale.dtype}")
+    elif weight_scale is not None:
+        raise ValueError(f"weight_scale is for float8_e4m3fn weights, not {weight.dtype}")
     for name, tensor in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual)):
-        if tensor is not None and tensor.dtype != x.dtype:
+        if tensor is not None and tensor.dtype != x.dtype and not (name == "weight" and tensor.dtype == FP8):
             raise ValueError(f"{name} must have x's dtype {x.dtype}, got {tensor.dtype}")
     expect_last_dim_contiguous("x", x)
     expect_last_dim_contiguous("weight", weight)
@@ -249,4 +291,5 @@ def _check_args(x, weight, bias, norm_weight, gated, residual) -> None:
         # Every program reads all of x (and the norm's pass reads it twice): x must not change under it.
         if residual.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             raise ValueError("residual must not share memory with x: the output would overwrite the input")
-    expect_same_device(x=x, weight=weight, bias=bias, norm_weight=norm_weight, residual=residual)
+    expect_same_device(x=x, weight=weight, bias=bias, norm_weight=norm_weight, residual=residual,
+                       weight_scale=weight_scale)

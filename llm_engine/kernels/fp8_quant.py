@@ -1,0 +1,134 @@
+"""FP8 (e4m3) quantization of linear weights and activations, W8A8 as vLLM's "FP8 dynamic" scheme:
+
+- weights per output channel: each row of W [N, K] gets scale = amax(|row|) / 448 and is stored as
+  e4m3 values row / scale (quantize_fp8_weight_ref; done once, at load or by the checkpoint writer);
+- activations per token, dynamically: each row of x [M, K] likewise at every call
+  (quantize_fp8_per_token, a Triton kernel), or with one static scale for all rows when a
+  checkpoint brings an `input_scale`.
+
+The roundings are those of kv_store.quantize_fp8_ref (the FP8 KV cache's): x / scale correctly
+rounded, clamped to +-448, rounded to the nearest e4m3 value, ties to even. The kernel reproduces
+them bit for bit (kv_store._round_to_e4m3, div_rn), so its bytes and scales equal the reference's.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from llm_engine.kernels._validate import (
+    expect_dtype,
+    expect_last_dim_contiguous,
+    expect_launchable,
+    expect_ndim,
+    expect_same_device,
+)
+from llm_engine.kernels.kv_store import (
+    FP8_E4M3_MAX,
+    FP8_SCALE_MIN,
+    _round_to_e4m3,
+    quantize_fp8_ref,
+)
+from llm_engine.kernels.launch_config import launch_params
+
+FP8 = torch.float8_e4m3fn
+ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def quantize_fp8_weight_ref(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] (any float dtype) -> (e4m3 values [N, K], float32 scales [N]), per output channel."""
+    expect_ndim("weight", weight, 2, "[out_features, in_features]")
+    return quantize_fp8_ref(weight)
+
+
+def dequantize_fp8_weight_ref(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """quantize_fp8_weight_ref's inverse, in float32."""
+    return values.float() * scale.float()[:, None]
+
+
+def quantize_fp8_per_token_ref(x: torch.Tensor, static_scale: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values [M, K], float32 scales [M]): per row amax / 448, or `static_scale`
+    (a float32 scalar: every row's scale) when given."""
+    _check_args(x, static_scale)
+    if static_scale is None:
+        return quantize_fp8_ref(x)
+    scale = static_scale.float().reshape(()).expand(x.shape[0]).contiguous()
+    values = (x.float() / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return values.to(FP8), scale
+
+
+@triton.jit
+def _quantize_per_token_kernel(
+    x_ptr, out_ptr, scale_ptr, static_scale_ptr,
+    stride_x, stride_out, K,
+    BLOCK_K: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+    STATIC: tl.constexpr,
+):
+    """One row per program: its amax over K (a first pass; the second reads the row again from L1/L2),
+    then its e4m3 values. ONE_TILE: the row fits one tile and is read once."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    out_row = out_ptr + row * stride_out
+    ks = tl.arange(0, BLOCK_K)
+    if ONE_TILE:
+        x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+    if STATIC:
+        scale = tl.load(static_scale_ptr)
+    else:
+        if ONE_TILE:
+            amax = tl.max(tl.abs(x), axis=0)
+        else:
+            running = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k_start in range(0, K, BLOCK_K):
+                tile = tl.load(x_row + k_start + ks, mask=k_start + ks < K, other=0.0).to(tl.float32)
+                running = tl.maximum(running, tl.abs(tile))
+            amax = tl.max(running, axis=0)
+        # Correctly rounded divisions, as torch's: the bytes match quantize_fp8_ref's.
+        scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-12)
+    tl.store(scale_ptr + row, scale)
+    if ONE_TILE:
+        q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
+        tl.store(out_row + ks, q.to(out_ptr.dtype.element_ty), mask=ks < K)
+    else:
+        for k_start in range(0, K, BLOCK_K):
+            mask = k_start + ks < K
+            tile = tl.load(x_row + k_start + ks, mask=mask, other=0.0).to(tl.float32)
+            q = _round_to_e4m3(tl.clamp(tl.math.div_rn(tile, scale), -448.0, 448.0))
+            tl.store(out_row + k_start + ks, q.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values [M, K], float32 scales [M]): per row amax / 448, or `static_scale`
+    (a float32 scalar: every row's scale) when given. One launch."""
+    _check_args(x, static_scale)
+    expect_launchable("x", x, "quantize_fp8_per_token_ref")
+    num_rows, k = x.shape
+    values = torch.empty((num_rows, k), dtype=FP8, device=x.device)
+    scale = torch.empty(num_rows, dtype=torch.float32, device=x.device)
+    if num_rows == 0 or k == 0:
+        return values, scale.fill_(FP8_SCALE_MIN)
+    params = launch_params("quantize_fp8_per_token", x.device)
+    block_k = min(params["BLOCK_K"], triton.next_power_of_2(k))
+    _quantize_per_token_kernel[(num_rows,)](
+        x, values, scale, scale if static_scale is None else static_scale,
+        x.stride(0), values.stride(0), k,
+        BLOCK_K=block_k,
+        ONE_TILE=k <= block_k,
+        STATIC=static_scale is not None,
+        num_warps=params["num_warps"],
+    )
+    return values, scale
+
+
+def _check_args(x: torch.Tensor, static_scale: torch.Tensor | None) -> None:
+    expect_ndim("x", x, 2, "[rows, features]")
+    expect_dtype("x", x, ACTIVATION_DTYPES)
+    expect_last_dim_contiguous("x", x)
+    if static_scale is not None:
+        if static_scale.numel() != 1:
+            raise ValueError(f"static_scale must hold one value, got shape {tuple(static_scale.shape)}")
+        expect_dtype("static_scale", static_scale, (torch.float32,))
+    expect_same_device(x=x, static_scale=static_scale)

@@ -1,0 +1,248 @@
+"""FP8 weights (W8A8): the per-token activation quantizer, the FP8 GEMM, fp8_linear's dispatch and the fused
+small-batch projections with e4m3 weights, each against its torch reference, which dequantizes to float32 and
+multiplies there (CPU torch has no float8 matmul); and quantize-dequantize round trips, exact where e4m3 is."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiers import FLOAT32_IN_FULL_RUN
+
+from llm_engine.kernels import (
+    SKINNY_MAX_ROWS,
+    dequantize_fp8_weight_ref,
+    fits_skinny_linear,
+    fp8_gemm,
+    fp8_gemm_ref,
+    fp8_linear,
+    fp8_linear_ref,
+    quantize_fp8_per_token,
+    quantize_fp8_per_token_ref,
+    quantize_fp8_weight_ref,
+    skinny_linear,
+    skinny_linear_ref,
+)
+from llm_engine.kernels.launch_config import launch_params_for_rows, override_launch_params
+
+FP8 = torch.float8_e4m3fn
+# Small tiles: several programs along M, N and K, partial tiles at every edge, row groups of 2.
+SMALL_TILES = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2)
+# The GEMM multiplies e4m3 values exactly and sums in float32 in another order than torch: a few float32
+# roundings; a bf16 output may land one bf16 step away (and the interpreter truncates float32 -> bf16).
+GEMM_TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1.6e-2)}
+
+
+def randn(gen, *shape, dtype=torch.float32, device="cpu", scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+
+
+def e4m3_grid(gen, rows, cols, device):
+    """Random e4m3-representable values with a +-448 in every row (so amax / 448 is a power of two's
+    exact scale) and zeros, subnormals and normals in between."""
+    values = randn(gen, rows, cols, scale=60.0).clamp(-448, 448).to(FP8).float()
+    values[:, 0] = torch.where(torch.rand(rows, generator=gen) < 0.5, -448.0, 448.0)
+    values[:, 1] = 2.0 ** -9  # the smallest subnormal
+    values[:, 2] = 0.0
+    return values.to(device)
+
+
+def same_bytes(a, b):
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+# --- quantizers --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
+@pytest.mark.parametrize("rows, cols", [(1, 16), (3, 100), (7, 333)])
+@pytest.mark.parametrize("block_k", [64, 4096])  # several tiles per row, one tile
+def test_per_token_quantization_matches_ref_bit_for_bit(gen, device, dtype, rows, cols, block_k):
+    x = randn(gen, rows, cols, dtype=dtype, device=device, scale=3.0)
+    x[0, :5] = 0.0
+    if rows > 2:
+        x[2] = 0.0  # an all-zero row: the floor scale, zeros
+    expected_values, expected_scale = quantize_fp8_per_token_ref(x)
+    with override_launch_params("quantize_fp8_per_token", BLOCK_K=block_k):
+        values, scale = quantize_fp8_per_token(x)
+    assert values.dtype == FP8 and scale.dtype == torch.float32 and scale.shape == (rows,)
+    assert same_bytes(values, expected_values)
+    assert torch.equal(scale, expected_scale)
+
+
+def test_per_token_quantization_with_a_static_scale(gen, device):
+    x = randn(gen, 5, 96, dtype=torch.bfloat16, device=device, scale=4.0)
+    static = torch.tensor(0.02, device=device)  # small: large values saturate at +-448
+    expected_values, expected_scale = quantize_fp8_per_token_ref(x, static)
+    values, scale = quantize_fp8_per_token(x, static)
+    assert same_bytes(values, expected_values) and torch.equal(scale, expected_scale)
+    assert torch.equal(scale, torch.full((5,), 0.02, device=device))
+    assert values.float().abs().max() == 448.0
+
+
+def test_round_trips_are_exact_where_e4m3_is(gen, device):
+    """Rows of e4m3 values times a power of two (amax 448): weight and per-token quantizers give the
+    values and the scale back exactly, and dequantization the input."""
+    grid = e4m3_grid(gen, 6, 80, device)
+    scales = 2.0 ** torch.arange(-8, -2, dtype=torch.float32, device=device)
+    w = grid * scales[:, None]
+    values, scale = quantize_fp8_weight_ref(w)
+    assert torch.equal(scale, scales) and torch.equal(values.float(), grid)
+    assert torch.equal(dequantize_fp8_weight_ref(values, scale), w)
+    for quantize in (quantize_fp8_per_token_ref, quantize_fp8_per_token):
+        values, scale = quantize(w.to(torch.bfloat16))  # powers of two times e4m3: exact in bf16 too
+        assert torch.equal(scale, scales) and torch.equal(values.float(), grid), quantize.__name__
+
+
+def test_quantization_error_is_within_half_an_e4m3_step(gen, device):
+    w = randn(gen, 32, 200, device=device) * torch.logspace(-3, 2, 32, device=device)[:, None]
+    values, scale = quantize_fp8_weight_ref(w)
+    error = (dequantize_fp8_weight_ref(values, scale) - w).abs()
+    # e4m3: 3 mantissa bits, so half a step is 2^-4 of the value; subnormals step by 2^-9 of the scale.
+    bound = torch.maximum(w.abs() * 2.0 ** -4, scale[:, None] * 2.0 ** -10)
+    assert (error <= bound * (1 + 1e-6)).all()
+
+
+# --- the GEMM and fp8_linear -------------------------------------------------------------------
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n, k", [(1, 16, 32), (5, 40, 96), (33, 100, 200)])  # ragged M, N and K tiles
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp8_gemm_matches_ref(gen, device, out_dtype, m, n, k, with_bias):
+    a, a_scale = quantize_fp8_per_token_ref(randn(gen, m, k, device=device))
+    b, b_scale = quantize_fp8_weight_ref(randn(gen, n, k, device=device) / k**0.5)
+    bias = randn(gen, n, dtype=out_dtype, device=device) if with_bias else None
+    expected = fp8_gemm_ref(a, a_scale, b, b_scale, bias, out_dtype)
+    with override_launch_params("fp8_gemm", **SMALL_TILES):
+        out = fp8_gemm(a, a_scale, b, b_scale, bias, out_dtype)
+    assert out.dtype == out_dtype and out.shape == (m, n)
+    torch.testing.assert_close(out.float(), expected.float(), **GEMM_TOLERANCE[out_dtype])
+
+
+def test_fp8_gemm_ref_is_the_dequantized_product(gen):
+    """The reference itself, against float64 on the dequantized operands."""
+    a, a_scale = quantize_fp8_per_token_ref(randn(gen, 9, 64))
+    b, b_scale = quantize_fp8_weight_ref(randn(gen, 24, 64))
+    exact = (a.double() * a_scale.double()[:, None]) @ (b.double() * b_scale.double()[:, None]).T
+    torch.testing.assert_close(fp8_gemm_ref(a, a_scale, b, b_scale, out_dtype=torch.float32).double(), exact,
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("rows", [1, 6, 40])
+def test_fp8_linear_matches_ref(gen, device, dtype, static, rows):
+    x = randn(gen, rows, 72, dtype=dtype, device=device, scale=2.0)
+    weight, weight_scale = quantize_fp8_weight_ref(randn(gen, 56, 72, device=device) / 72**0.5)
+    bias = randn(gen, 56, dtype=dtype, device=device)
+    input_scale = torch.tensor(0.01, device=device) if static else None
+    expected = fp8_linear_ref(x, weight, weight_scale, bias, input_scale)
+    with override_launch_params("fp8_gemm", **SMALL_TILES):
+        out = fp8_linear(x, weight, weight_scale, bias, input_scale)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected.float(), **GEMM_TOLERANCE[dtype])
+
+
+def test_fp8_linear_stays_close_to_the_unquantized_product(gen, device):
+    """What W8A8 costs: against x W^T in float64 on the unquantized operands, a few percent at most."""
+    x = randn(gen, 16, 256, device=device)
+    w = randn(gen, 64, 256, device=device) / 16
+    weight, weight_scale = quantize_fp8_weight_ref(w)
+    out = fp8_linear(x, weight, weight_scale)
+    exact = x.double() @ w.double().T
+    assert ((out.double() - exact).norm() / exact.norm()) < 0.05
+
+
+def test_row_buckets_pick_the_smallest_that_holds_the_rows(device):
+    """default.json's fp8_gemm: "m<=16" and "m<=32" buckets over the default tiles."""
+    assert launch_params_for_rows("fp8_gemm", device, 1)["BLOCK_M"] == 16
+    assert launch_params_for_rows("fp8_gemm", device, 16)["BLOCK_M"] == 16
+    assert launch_params_for_rows("fp8_gemm", device, 17)["BLOCK_M"] == 32
+    assert launch_params_for_rows("fp8_gemm", device, 33)["BLOCK_M"] == launch_params_for_rows(
+        "fp8_gemm", device, 10**6)["BLOCK_M"] == 64
+    with override_launch_params("fp8_gemm", BLOCK_M=128):  # overrides win over the bucket
+        assert launch_params_for_rows("fp8_gemm", device, 1)["BLOCK_M"] == 128
+
+
+def test_a_scaled_mm_bucket_on_the_cpu_runs_triton(gen, device):
+    """torch._scaled_mm runs only on CUDA: elsewhere, and for shapes it refuses, the Triton GEMM does."""
+    x = randn(gen, 3, 40, dtype=torch.bfloat16, device=device)  # K = 40: not a multiple of 16
+    weight, weight_scale = quantize_fp8_weight_ref(randn(gen, 24, 40, device=device))
+    with override_launch_params("fp8_gemm", backend="scaled_mm"):
+        out = fp8_linear(x, weight, weight_scale)
+    torch.testing.assert_close(out.float(), fp8_linear_ref(x, weight, weight_scale).float(),
+                               **GEMM_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch._scaled_mm needs CUDA")
+@pytest.mark.parametrize("rows", [1, 64, 300])
+def test_scaled_mm_backend_matches_ref(gen, rows):
+    x = randn(gen, rows, 256, dtype=torch.bfloat16, device="cuda")
+    weight, weight_scale = quantize_fp8_weight_ref(randn(gen, 128, 256, device="cuda") / 16)
+    bias = randn(gen, 128, dtype=torch.bfloat16, device="cuda")
+    with override_launch_params("fp8_gemm", backend="scaled_mm"):
+        out = fp8_linear(x, weight, weight_scale, bias)
+    torch.testing.assert_close(out.float(), fp8_linear_ref(x, weight, weight_scale, bias).float(),
+                               **GEMM_TOLERANCE[torch.bfloat16])
+
+
+def test_bad_input_is_refused(device):
+    x = torch.zeros(2, 32, device=device)
+    weight = torch.zeros(8, 32, device=device).to(FP8)
+    scale = torch.ones(8, device=device)
+    with pytest.raises(ValueError, match="weight must have dtype in"):
+        fp8_linear(x, weight.float(), scale)
+    with pytest.raises(ValueError, match=r"weight_scale must have shape \(8,\)"):
+        fp8_linear(x, weight, scale[:4])
+    with pytest.raises(ValueError, match="x has 16 features but weight takes 32"):
+        fp8_linear(x[:, :16], weight, scale)
+    with pytest.raises(ValueError, match="static_scale must hold one value"):
+        quantize_fp8_per_token(x, torch.ones(2, device=device))
+    with pytest.raises(ValueError, match="a must have dtype in"):
+        fp8_gemm(x, torch.ones(2, device=device), weight, scale)
+
+
+# --- skinny_linear with FP8 weights --------------------------------------------------------------
+
+SKINNY_TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=4e-2, rtol=3e-2)}
+MODES = {"plain": {}, "norm": {"norm_weight": True, "eps": 1e-5}, "gated": {"gated": True}}
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, SKINNY_MAX_ROWS])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("cuda_cores", [False, True])  # one row on the CUDA cores, or tl.dot
+def test_skinny_linear_with_fp8_weights_matches_ref(gen, device, dtype, rows, mode, cuda_cores):
+    out_features, in_features = 40, 100  # partial N and K tiles
+    options = dict(MODES[mode])
+    x = randn(gen, rows, in_features * (2 if options.get("gated") else 1), dtype=dtype, device=device)
+    weight, weight_scale = quantize_fp8_weight_ref(randn(gen, out_features, in_features, device=device) / 10)
+    bias = randn(gen, out_features, dtype=dtype, device=device)
+    if options.get("norm_weight"):
+        options["norm_weight"] = randn(gen, in_features, dtype=dtype, device=device)
+    residual = randn(gen, rows, out_features, dtype=dtype, device=device)
+    expected = skinny_linear_ref(x, weight, bias, residual=residual.clone(), weight_scale=weight_scale, **options)
+    with override_launch_params("skinny_linear", single_row_on_cuda_cores=cuda_cores, BLOCK_N=8 if cuda_cores else 16,
+                                BLOCK_K=32):
+        out = skinny_linear(x, weight, bias, residual=residual, weight_scale=weight_scale, **options)
+    assert out is residual
+    torch.testing.assert_close(out.float(), expected.float(), **SKINNY_TOLERANCE[dtype])
+
+
+def test_skinny_ref_with_fp8_weights_is_the_dequantized_product(gen):
+    x = randn(gen, 2, 64)
+    weight, weight_scale = quantize_fp8_weight_ref(randn(gen, 24, 64))
+    expected = x.double() @ (weight.double() * weight_scale.double()[:, None]).T
+    torch.testing.assert_close(skinny_linear_ref(x, weight, weight_scale=weight_scale).double(), expected,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_weights_have_their_own_max_rows(device):
+    x = torch.zeros(4, 32, device=device)
+    with override_launch_params("skinny_linear", max_rows=8):
+        assert fits_skinny_linear(x, FP8) and fits_skinny_linear(x)
+
+
+def test_skinny_linear_refuses_fp8_weights_without_scales(device):
+    weight = torch.zeros(8, 32, device=device).to(FP8)
+    with pytest.raises(ValueError, match="need their weight_scale"):
+        skinny_linear(torch.zeros(1, 32, device=device), weight)
+    with pytest.raises(ValueError, match="weight_scale is for float8_e4m3fn weights"):
+        skinny_linear(torch.zeros(1, 32, device=device), weight.float(), weight_scale=torch.ones(8, device=device))
