@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 import strict_json
+from chat_tools import TEMPLATE_INFO_KEY, Invalid, parse_messages, parse_tools
 from sampling_values import SamplingValueError, coerce
 
 # Inputs the model declares (auto_complete_config adds those the config lacks).
@@ -22,6 +23,7 @@ RETURNS = ("return_finish_reason", "return_cumulative_logprob", "return_logprobs
 INPUTS = [
     {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "tools", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "image", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
     {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
     {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
@@ -45,7 +47,6 @@ MAX_JSON_BYTES = 64 << 10
 # after its first response: the caller names its request (CANCEL_KEY) to abort it later with a
 # request of its own (ABORT_KEY, no inputs), and asks for errors as data (ERRORS_IN_BAND).
 CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND = "ragstack_cancel_key", "ragstack_abort", "ragstack_errors_in_band"
-ROLES = ("system", "user", "assistant", "tool")
 
 
 class InvalidRequest(ValueError):
@@ -55,13 +56,14 @@ class InvalidRequest(ValueError):
 @dataclass
 class LLMRequest:
     prompt: str | None                     # plain text, used as is
-    messages: list[dict[str, str]] | None  # chat messages, rendered with the model's template
+    messages: list[dict[str, Any]] | None  # chat messages, rendered with the model's template
     stream: bool
     sampling: dict[str, Any]               # keys of llm_engine.SamplingParams
     exclude_input_in_output: bool
     returns: frozenset[str] = frozenset()  # the RETURNS asked for
     cancel_key: str | None = None          # CANCEL_KEY: an ABORT_KEY request with it aborts this one
     errors_in_band: bool = False           # ERRORS_IN_BAND: errors go out as the `error` output
+    tools: list[dict[str, Any]] | None = None  # OpenAI tools for the chat template (chat_tools.py)
 
 
 def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
@@ -100,18 +102,11 @@ def _json(text: str, name: str) -> Any:
         raise InvalidRequest(f"input '{name}' {exc}") from None
 
 
-def _parse_messages(text: str) -> list[dict[str, str]]:
-    messages = _json(text, "messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("input 'messages' must be a non-empty JSON list of {\"role\", \"content\"} objects")
-    for i, message in enumerate(messages):
-        if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
-                or not isinstance(message.get("content"), str)):
-            raise InvalidRequest(f"messages[{i}] must be an object with string 'role' and 'content'")
-        if message["role"] not in ROLES:
-            raise InvalidRequest(f"messages[{i}]: role {message['role'][:40]!r} is not one of {list(ROLES)}")
-    # Only role and content reach the chat template: other keys could steer it (tools, names).
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+def _parse_chat(text: str, name: str, parse: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    try:
+        return parse(_json(text, name))
+    except Invalid as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str,
@@ -126,8 +121,13 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     if raw_text is not None and raw_messages is not None:
         raise InvalidRequest("give either 'text_input' or 'messages', not both")
     prompt = _utf8(raw_text, "text_input", max_prompt_bytes) if raw_text is not None else None
-    messages = (_parse_messages(_utf8(raw_messages, "messages", max_prompt_bytes))
+    messages = (_parse_chat(_utf8(raw_messages, "messages", max_prompt_bytes), "messages", parse_messages)
                 if raw_messages is not None else None)
+    raw_tools = _scalar(get, "tools", bytes)
+    if raw_tools is not None and messages is None:
+        raise InvalidRequest("input 'tools' needs 'messages': the chat template renders them")
+    tools = _parse_chat(_utf8(raw_tools, "tools", max_prompt_bytes), "tools", parse_tools) \
+        if raw_tools is not None else None
     if prompt is not None and not prompt:
         raise InvalidRequest("input 'text_input' is empty")
 
@@ -158,7 +158,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     if stream and exclude is False:  # vllm_backend's rule, in its words
         raise InvalidRequest("When streaming, `exclude_input_in_output` = False is not allowed.")
     return LLMRequest(
-        prompt=prompt, messages=messages, stream=stream, sampling=sampling,
+        prompt=prompt, messages=messages, tools=tools, stream=stream, sampling=sampling,
         # As vllm_backend: a streamed answer never repeats the prompt; a single answer does unless told.
         exclude_input_in_output=True if stream else bool(exclude),
         returns=frozenset(name for name in RETURNS if _scalar(get, name, bool)),
@@ -168,11 +168,20 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
 def abort_key(request_parameters: str) -> str | None:
     """The CANCEL_KEY a control request (ABORT_KEY, no inputs) asks to abort, or None for a request
     to generate."""
-    if ABORT_KEY not in (request_parameters or ""):
+    key = _control(request_parameters, ABORT_KEY)
+    return str(key) if key is not None else None
+
+
+def asks_template_info(request_parameters: str) -> bool:
+    """A control request (TEMPLATE_INFO_KEY, no inputs) for the chat template's tool-call format."""
+    return _control(request_parameters, TEMPLATE_INFO_KEY) is not None
+
+
+def _control(request_parameters: str, name: str) -> Any:
+    if name not in (request_parameters or ""):
         return None
     try:
         parameters = strict_json.loads(request_parameters)
     except strict_json.Refused:
         return None
-    key = parameters.get(ABORT_KEY) if isinstance(parameters, dict) else None
-    return str(key) if key is not None else None
+    return parameters.get(name) if isinstance(parameters, dict) else None

@@ -31,7 +31,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from engine_settings import load_settings
-from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, parse_request
+from chat_tools import template_info
+from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, asks_template_info, parse_request
 from responses import ResponseBuilder
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -126,6 +127,12 @@ class TritonPythonModel:
             if key is not None:  # a caller of ours aborts a request it sent (Triton 2.51's BLS cannot)
                 self.loop.call_soon_threadsafe(self._abort_by_key, key, sender)
                 continue
+            if asks_template_info(request.parameters()):  # the OpenAI frontend's, for tool_choice auto
+                info = json.dumps(template_info(self.tokenizer.hf_tokenizer.chat_template)).encode()
+                response = pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("text_output", np.array([info], dtype=np.object_))])
+                self.loop.call_soon_threadsafe(self._send, sender, response, FINAL)
+                continue
             try:
                 parsed = parse_request(lambda name: _input(request, name), request.parameters(),
                                        self.backend_settings["max_prompt_bytes"])
@@ -151,7 +158,7 @@ class TritonPythonModel:
         request_id = uuid.uuid4().hex
         try:
             engine = self.supervisor.engine()
-            prompt = (self.tokenizer.apply_chat_template(req.messages) if req.messages is not None
+            prompt = (self.tokenizer.apply_chat_template(req.messages, tools=req.tools) if req.messages is not None
                       else req.prompt)
             sampling = req.sampling
             if req.returns & {"return_cumulative_logprob", "return_logprobs"} and sampling.get("logprobs") is None:

@@ -57,17 +57,18 @@ class Tokenizer:
         """The HF tokenizer's clean-up of decoded text."""
         return self.hf_tokenizer.clean_up_tokenization(text)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                            tokenize: bool = True) -> list[int] | str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tokenize: bool = True, tools: list[dict] | None = None) -> list[int] | str:
         """Render messages with the folder's chat template -> prompt token ids (or the text).
 
+        `tools` (OpenAI's tool objects) go to the template, which renders them its own way (or not).
         The text is encoded without special tokens: the template already wrote them (e.g. BOS).
         """
         if not self.hf_tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
         try:
-            text = self.hf_tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                         tokenize=False)
-        except TemplateError as exc:  # the template's own raise_exception(), e.g. roles out of order
+            text = self.hf_tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                         add_generation_prompt=add_generation_prompt, tokenize=False)
+        except (TemplateError, TypeError) as exc:  # its raise_exception() (roles out of order), a value it cannot add
             raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
         return self.encode(text, add_special_tokens=False) if tokenize else text
