@@ -2,7 +2,11 @@
 rag model, which answers the last user message from the index and returns its sources in the
 extension field `sources` (on the message; streaming, on each choice's first chunk's delta):
 `[{"n": 1, "source": "faiss.html", "passage_id": "...", "score": 0.61}, ...]`, `n` the citation
-number `[n]` in the answer. `rag` returns no token counts: its `usage` is null."""
+number `[n]` in the answer. `rag` returns no token counts: its `usage` is null.
+
+`response_format` and vLLM's guided_* keys constrain an llm's output (structured.py); `tools` reach its
+chat template and its answer is read for tool calls (tools.py, tool_parsers.py): `message.tool_calls`,
+`tool_calls` in stream deltas, finish_reason `tool_calls`."""
 from __future__ import annotations
 
 import time
@@ -11,7 +15,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ragstack.openai_frontend import generation, metrics, models, streaming
+from ragstack.openai_frontend import generation, metrics, models, streaming, structured, tools
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.frontend import Frontend
@@ -19,6 +23,8 @@ from ragstack.openai_frontend.generation import Piece
 from ragstack.openai_frontend.logprobs import chat_content
 from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.schemas import SAMPLING_KEYS, ChatRequest
+from ragstack.openai_frontend.tool_parsers import Reader, collect
+from ragstack.openai_frontend.tools import ToolPlan
 from ragstack.openai_frontend.usage import Usage
 
 
@@ -27,26 +33,37 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     served = await models.served(frontend.triton, body.model, "chat.completions")
     metrics.served_model(request, served.name)
     messages = body.chat(frontend.limits)
-    sampling = body.sampling()
+    tool_plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+    sampling, constrained_by = structured.constrained(
+        body.sampling(), body.model_extra, body.response_format, tool_plan.constraint() if tool_plan else {},
+        "tool_choice")
     params = {**{key: key for key in SAMPLING_KEYS}, "messages": "messages", "text_input": "messages",
-              "prompt": "messages", "query": "messages", "logprobs": "top_logprobs",
-              "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"}
+              "prompt": "messages", "query": "messages", "logprobs": "top_logprobs", "tools": "tools",
+              "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+              **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     if served.kind == "rag":
         if body.logprobs:
             raise APIError(400, f"logprobs are not available from model '{served.name}' (rag returns text and "
                                 "sources)", "logprobs")
+        for name, value in (("tools", body.tools), ("response_format", body.response_format)):
+            if value is not None:
+                raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text "
+                                    "and sources)", name)
         query = next((m["content"] for m in reversed(messages) if m["role"] == "user"), None)
         if query is None:
             raise APIError(400, f"model '{served.name}' answers the last user message, and there is none", "messages")
         requests = [generation.Request(served.name, generation.rag_inputs(query, s, body.stream), params, rag=True)
                     for s in generation.seeded(sampling, body.n)]
     else:
+        if tool_plan is not None:
+            await tools.resolve(frontend, served.name, tool_plan)
         top = sampling.get("logprobs") if body.logprobs else None
-        requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs),
+        requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
+                                                                          tools.llm_tools(tool_plan)),
                                        params, top_logprobs=top) for s in generation.seeded(sampling, body.n)]
     usage = Usage(served.kind != "rag", prompts=1, n=body.n)
     answer = Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name, usage,
-                    body.stream_options is not None and body.stream_options.include_usage)
+                    body.stream_options is not None and body.stream_options.include_usage, tool_plan)
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
@@ -54,22 +71,35 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
 
 
 class Answer:
-    """The answer's JSON: whole, or chunk by chunk."""
+    """The answer's JSON: whole, or chunk by chunk. With tools, each choice's text goes through a
+    tool-call reader (`tool_plan.reader()`): content and tool calls."""
 
-    def __init__(self, completion_id: str, created: int, model: str, usage: Usage, usage_chunk: bool):
+    def __init__(self, completion_id: str, created: int, model: str, usage: Usage, usage_chunk: bool,
+                 tool_plan: ToolPlan | None = None):
         self.head = {"id": completion_id, "created": created, "model": model}
         self.usage, self.usage_chunk = usage, usage_chunk
+        self.tool_plan = tool_plan
         self._started: set[int] = set()
+        self._readers: dict[int, Reader] = {}
 
     def whole(self, choices: list[Piece]) -> dict:
+        out = []
         for index, choice in enumerate(choices):
             self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
-        return {**self.head, "object": "chat.completion", "choices": [{
-            "index": index, "message": {"role": "assistant", "content": choice.text,
-                                        **({"sources": choice.sources} if choice.sources is not None else {})},
-            "logprobs": {"content": chat_content(choice.logprobs)} if choice.logprobs is not None else None,
-            "finish_reason": choice.finish_reason} for index, choice in enumerate(choices)],
-            "usage": self.usage.as_dict()}
+            message = {"role": "assistant", "content": choice.text}
+            reason = choice.finish_reason
+            if self.tool_plan is not None:
+                content, calls = collect(self.tool_plan.reader(), choice.text)
+                message["content"] = content if content or not calls else None
+                if calls:
+                    message["tool_calls"] = calls
+                    reason = _finish_reason(reason)
+            if choice.sources is not None:
+                message["sources"] = choice.sources
+            out.append({"index": index, "message": message,
+                        "logprobs": {"content": chat_content(choice.logprobs)} if choice.logprobs is not None else None,
+                        "finish_reason": reason})
+        return {**self.head, "object": "chat.completion", "choices": out, "usage": self.usage.as_dict()}
 
     def piece(self, index: int, piece: Piece) -> dict | None:
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
@@ -77,15 +107,28 @@ class Answer:
         if index not in self._started:
             self._started.add(index)
             delta["role"] = "assistant"
-        if piece.text or "role" in delta:
-            delta["content"] = piece.text
+        text, calls, reason = piece.text, [], piece.finish_reason
+        if self.tool_plan is not None:
+            reader = self._readers.setdefault(index, self.tool_plan.reader())
+            read = reader.feed(piece.text)
+            if piece.finish_reason is not None:
+                read.add(reader.finish())
+            text, calls = read.content, read.tool_calls
+            if reason is not None and reader.calls:
+                reason = _finish_reason(reason)
+        if text or ("role" in delta and not calls):
+            delta["content"] = text
+        elif "role" in delta:
+            delta["content"] = None
+        if calls:
+            delta["tool_calls"] = calls
         if piece.sources is not None:
             delta["sources"] = piece.sources
-        if not delta and piece.finish_reason is None and not piece.logprobs:
+        if not delta and reason is None and not piece.logprobs:
             return None
         return self._chunk([{"index": index, "delta": delta,
                              "logprobs": {"content": chat_content(piece.logprobs)} if piece.logprobs else None,
-                             "finish_reason": piece.finish_reason}])
+                             "finish_reason": reason}])
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []
@@ -95,3 +138,8 @@ class Answer:
         if self.usage_chunk:
             chunk["usage"] = usage
         return chunk
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    """A choice that called tools ends with `tool_calls`; one cut at max_tokens keeps `length`."""
+    return "tool_calls" if reason == "stop" else reason

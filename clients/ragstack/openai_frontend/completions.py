@@ -1,5 +1,6 @@
 """`POST /v1/completions`: an llm model on a prompt used as it is (no chat template); a list of prompts
-gives n choices each, prompt by prompt. `echo` puts the prompt before the answer."""
+gives n choices each, prompt by prompt. `echo` puts the prompt before the answer. `response_format` and
+vLLM's guided_* keys constrain the output (structured.py)."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ragstack.openai_frontend import generation, metrics, models, streaming
+from ragstack.openai_frontend import generation, metrics, models, streaming, structured
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.generation import Piece
@@ -23,11 +24,14 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     served = await models.served(frontend.triton, body.model, "completions")
     metrics.served_model(request, served.name)
     prompts = body.prompts(frontend.limits)
-    params = {**{key: key for key in SAMPLING_KEYS}, "prompt": "prompt", "text_input": "prompt", "logprobs": "logprobs"}
+    sampling, constrained_by = structured.constrained(body.sampling(), body.model_extra, body.response_format, {},
+                                                      None)
+    params = {**{key: key for key in SAMPLING_KEYS}, "prompt": "prompt", "text_input": "prompt", "logprobs": "logprobs",
+              **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
     requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs), params,
                                    top_logprobs=body.logprobs)
-                for prompt in prompts for s in generation.seeded(body.sampling(), body.n)]
+                for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
                     [p for p in prompts for _ in range(body.n)] if body.echo else None,
                     Usage(True, prompts=len(prompts), n=body.n),

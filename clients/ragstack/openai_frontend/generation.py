@@ -78,9 +78,13 @@ class Request:
     rag: bool = False
 
 
-def llm_inputs(prompt_or_messages: str | list[dict], sampling: dict, stream: bool, logprobs: bool) -> dict:
+def llm_inputs(prompt_or_messages: str | list[dict], sampling: dict, stream: bool, logprobs: bool,
+               tools: np.ndarray | None = None) -> dict:
+    """`tools`: the llm's `tools` input (JSON of OpenAI tools) for its chat template, with messages."""
     inputs = {"text_input": t.text(prompt_or_messages)} if isinstance(prompt_or_messages, str) else \
         {"messages": t.text(json.dumps(prompt_or_messages))}
+    if tools is not None:
+        inputs["tools"] = tools
     inputs.update(stream=t.flag(stream), sampling_parameters=t.text(json.dumps(sampling)),
                   exclude_input_in_output=t.flag(True), return_finish_reason=t.flag(True),
                   return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True))

@@ -8,8 +8,8 @@ import argparse
 from dataclasses import dataclass, field, fields
 
 
-def _knob(default, help_text: str):
-    return field(default=default, metadata={"help": help_text})
+def _knob(default, help_text: str, choices: tuple[str, ...] | None = None):
+    return field(default=default, metadata={"help": help_text, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,18 @@ class FrontendLimits:
     # The embed and rerank tokenizers' max_texts: larger requests are sent in batches of this size.
     embed_batch: int = _knob(32, "texts per request to the embed ensemble")
     rerank_batch: int = _knob(64, "documents per request to the rerank ensemble")
+    # How tool_choice "auto" reads tool calls (docs/openai.md): auto, the format the llm's chat template uses.
+    tool_call_parser: str = _knob("auto", "tool-call format of tool_choice auto: auto (from the model's chat "
+                                  "template), hermes (Qwen2.5), llama3_json (Llama 3.1+), mistral",
+                                  ("auto", "hermes", "llama3_json", "mistral"))
 
     def __post_init__(self):
         for knob in fields(self):
-            value = getattr(self, knob.name)
-            if not value > 0:
+            value, choices = getattr(self, knob.name), knob.metadata["choices"]
+            if choices is not None:
+                if value not in choices:
+                    raise ValueError(f"OpenAI frontend setting {knob.name} must be one of {list(choices)}, got {value!r}")
+            elif not value > 0:
                 raise ValueError(f"OpenAI frontend limit {knob.name} must be > 0, got {value!r}")
 
     def to_args(self) -> list[str]:
@@ -51,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("OpenAI frontend limits (docs/operations.md)")
     for knob in fields(FrontendLimits):
         group.add_argument(_flag(knob.name), dest=f"openai_{knob.name}", type=type(knob.default),
-                           default=knob.default, help=f"{knob.metadata['help']} (default {knob.default})")
+                           choices=knob.metadata["choices"], default=knob.default,
+                           help=f"{knob.metadata['help']} (default {knob.default})")
 
 
 def from_args(args: argparse.Namespace) -> FrontendLimits:

@@ -3,23 +3,27 @@ their size checks. Types are strict (a string is not a number); the values' rang
 check, so a request means the same here as through Triton's own doors.
 
 Chat and completions requests keep keys they do not declare (`model_extra`): they go to the llm as
-sampling keys, which names the ones it does not know or implement.
+sampling keys, which names the ones it does not know or implement (vLLM's guided_* keys among them).
+`response_format` (structured.py) and the tools (tools.py) are checked where they are used.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
+from ragstack.openai_frontend.tools import tool_calls_message
 
 # Sampling keys the llm takes under their OpenAI / vLLM names.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
                  "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
                  "skip_special_tokens")
-# Structured output and tools come later: refused until then.
-NOT_YET = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
+# OpenAI's deprecated forms of tools: refused, pointing to tools.
+LEGACY = {"functions": "tools", "function_call": "tool_choice"}
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 class Strict(BaseModel):
@@ -53,6 +57,7 @@ class Generation(BaseModel):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    response_format: Any = None   # structured.py
 
     def sampling(self) -> dict[str, Any]:
         """The llm's sampling keys: those given, and the undeclared ones as they came."""
@@ -71,9 +76,10 @@ class Generation(BaseModel):
                 raise APIError(400, f"{name} has {len(values)} items; the limit is {limits.max_stop} (max_stop)", name)
         for i, stop in enumerate(stops):
             _check_text(stop, f"stop[{i}]", limits)
-        for name in NOT_YET:
+        for name, instead in LEGACY.items():
             if (self.model_extra or {}).get(name) is not None:
-                raise APIError(400, f"'{name}' is not supported yet (it comes with structured output)", name)
+                raise APIError(400, f"'{name}' is OpenAI's deprecated form of '{instead}': send '{instead}' instead",
+                               name)
 
 
 class ContentPart(Strict):
@@ -94,6 +100,9 @@ class ChatRequest(Generation):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: Any = None                # tools.py
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
     def sampling(self) -> dict[str, Any]:
         values = super().sampling()
@@ -105,8 +114,8 @@ class ChatRequest(Generation):
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         return values
 
-    def chat(self, limits: FrontendLimits) -> list[dict[str, str]]:
-        """The messages as the llm takes them (role and content), every size checked."""
+    def chat(self, limits: FrontendLimits) -> list[dict[str, Any]]:
+        """The messages as the llm takes them (role, content, tool_calls, tool_call_id), every size checked."""
         self.check_sizes(limits, self.n)
         if not self.messages:
             raise APIError(400, "messages must hold at least one message", "messages")
@@ -138,6 +147,9 @@ class CompletionRequest(Generation):
             _check_text(prompt, f"prompt[{i}]" if len(prompts) > 1 else "prompt", limits)
         if self.suffix:
             raise APIError(400, "suffix is not supported (no fill-in-the-middle)", "suffix")
+        for name in TOOL_KEYS:
+            if (self.model_extra or {}).get(name) is not None:
+                raise APIError(400, f"'{name}' is for chat completions (/v1/chat/completions)", name)
         if self.echo and self.logprobs is not None:
             raise APIError(400, "echo with logprobs needs the prompt's logprobs, which this engine does not "
                                 "compute", "echo")
@@ -196,13 +208,24 @@ def _check_text(text: str, param: str, limits: FrontendLimits) -> None:
                             "(max_text_chars)", param)
 
 
-def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, str]:
+def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}  # OpenAI's newer name
     if message.tool_calls:
-        raise APIError(400, f"{param}.tool_calls: tool calls are not supported yet (they come with tools)",
-                       f"{param}.tool_calls")
+        if message.role != "assistant":
+            raise APIError(400, f"{param}.tool_calls: only assistant messages carry tool calls", f"{param}.tool_calls")
+        out["tool_calls"] = tool_calls_message(message.tool_calls, f"{param}.tool_calls")
+        for i, call in enumerate(out["tool_calls"]):
+            _check_text(json.dumps(call["function"]["arguments"]), f"{param}.tool_calls[{i}].function.arguments",
+                        limits)
+    if message.tool_call_id is not None:
+        _check_text(message.tool_call_id, f"{param}.tool_call_id", limits)
+        if message.role == "tool":
+            out["tool_call_id"] = message.tool_call_id
     if message.content is None:
-        raise APIError(400, f"{param}.content is missing", f"{param}.content")
-    if isinstance(message.content, str):
+        if "tool_calls" not in out:
+            raise APIError(400, f"{param}.content is missing", f"{param}.content")
+        content = ""
+    elif isinstance(message.content, str):
         content = message.content
     else:
         for j, part in enumerate(message.content):
@@ -211,5 +234,4 @@ def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, 
                                     f"multimodal), got type {part.type[:40]!r}", f"{param}.content[{j}]")
         content = "\n".join(part.text for part in message.content)
     _check_text(content, f"{param}.content", limits)
-    # OpenAI's newer name for the system role.
-    return {"role": "system" if message.role == "developer" else message.role, "content": content}
+    return {**out, "content": content}

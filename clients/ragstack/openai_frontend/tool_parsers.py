@@ -1,0 +1,459 @@
+"""Tool calls read from an llm's text as it arrives: one reader per choice, fed each new piece of
+text (`feed`) and told when it ends (`finish`); each returns a Delta, the content to send and the
+`tool_calls` delta entries of OpenAI's stream (`{"index", "id", "type": "function", "function":
+{"name", "arguments": ""}}` first for a call, then `{"index", "function": {"arguments": fragment}}`).
+A whole answer is the same reader fed the whole text (`collect`), so streamed and whole answers agree.
+
+Readers:
+- `Named`: the output is the arguments of one named function (tool_choice {"function": ...}); streamed
+  as it comes.
+- `Required`: the output is a JSON array of {"name", "parameters"} (tool_choice "required"); each
+  call's name goes out once read, its arguments fragment by fragment.
+- `tool_choice` "auto", in the format of the model family's chat template:
+  `hermes` (Qwen2.5, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, text
+  around them is content; `llama3_json` (Llama 3.1+): the whole answer is `{"name": ..., "parameters":
+  {...}}` (several separated by `;`), possibly after `<|python_tag|>`; `mistral`: `[TOOL_CALLS]` then a
+  JSON list of {"name", "arguments"} (or v11's `name[ARGS]{...}`), also a bare list at the start when
+  the tokenizer dropped the special token. Content streams as it comes; a call is held until it is
+  whole (hermes: its block; llama3_json and mistral: the end of the answer), then sent in one delta.
+  Text that does not parse as a call stays content.
+- `Plain`: no tools read (tool_choice "none").
+
+Whitespace between content and calls is not content; `parallel` False keeps the first call only.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+PARSERS = ("hermes", "llama3_json", "mistral")
+
+
+@dataclass
+class Delta:
+    content: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+
+    def add(self, other: Delta) -> Delta:
+        self.content += other.content
+        self.tool_calls += other.tool_calls
+        return self
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class _Calls:
+    """Numbers the calls of one choice and writes their delta entries."""
+
+    def __init__(self, parallel: bool):
+        self.parallel, self.count = parallel, 0
+
+    def allowed(self) -> bool:
+        return self.parallel or self.count == 0
+
+    def start(self, name: str) -> dict:
+        self.count += 1
+        return {"index": self.count - 1, "id": call_id(), "type": "function",
+                "function": {"name": name, "arguments": ""}}
+
+    def arguments(self, text: str) -> dict:
+        return {"index": self.count - 1, "function": {"arguments": text}}
+
+    def whole(self, name: str, arguments: str) -> list[dict]:
+        if not self.allowed():
+            return []
+        return [self.start(name), self.arguments(arguments)]
+
+
+class _Content:
+    """Content with its trailing whitespace held back: dropped if a call follows, else sent later;
+    whitespace right after a call is dropped too."""
+
+    def __init__(self):
+        self.held = ""
+        self.after_call = False
+
+    def emit(self, text: str) -> str:
+        text = self.held + text
+        if self.after_call:
+            text = text.lstrip()
+            self.after_call = not text
+        kept = text.rstrip()
+        self.held = text[len(kept):]
+        return kept
+
+    def called(self) -> None:
+        self.held, self.after_call = "", True
+
+    def flush(self, called: bool) -> str:
+        text, self.held = self.held, ""
+        return "" if called else text
+
+
+class Reader:
+    """The interface: feed text, then finish; `calls` counts the tool calls sent."""
+
+    def __init__(self, parallel: bool = True):
+        self._calls = _Calls(parallel)
+
+    @property
+    def calls(self) -> int:
+        return self._calls.count
+
+    def feed(self, text: str) -> Delta:
+        raise NotImplementedError
+
+    def finish(self) -> Delta:
+        return Delta()
+
+
+class Plain(Reader):
+    def feed(self, text: str) -> Delta:
+        return Delta(content=text)
+
+
+class Named(Reader):
+    """The whole output is the named function's arguments."""
+
+    def __init__(self, name: str):
+        super().__init__(parallel=False)
+        self.name = name
+
+    def feed(self, text: str) -> Delta:
+        out = Delta()
+        if not self.calls:
+            out.tool_calls.append(self._calls.start(self.name))
+        if text:
+            out.tool_calls.append(self._calls.arguments(text))
+        return out
+
+    def finish(self) -> Delta:
+        return self.feed("") if not self.calls else Delta()
+
+
+class Required(Reader):
+    """A JSON array of {"name", "parameters"} (or "arguments") objects, read character by character:
+    a call's header goes out once its name is read, its arguments as they come."""
+
+    ARGUMENT_KEYS = ("parameters", "arguments")
+
+    def __init__(self, parallel: bool = True):
+        super().__init__(parallel)
+        self._stack: list[str] = []
+        self._in_string = self._escaped = False
+        self._string: str | None = None      # an item-level string being read (a key or the name)
+        self._string_role = ""
+        self._key: str | None = None
+        self._expect_value = False
+        self._capture: str | None = None     # "container", "string" or "scalar" while reading arguments
+        self._arguments = ""                  # this item's arguments not yet sent
+        self._name: str | None = None
+        self._started = False                 # this item's header sent
+        self._had_arguments = False
+
+    def feed(self, text: str) -> Delta:
+        out = Delta()
+        for char in text:
+            self._char(char, out)
+        self._send_arguments(out)
+        return out
+
+    def finish(self) -> Delta:
+        out = Delta()
+        self._send_arguments(out)
+        return out
+
+    def _char(self, c: str, out: Delta) -> None:
+        if self._in_string:
+            if self._capture:
+                self._arguments += c
+            elif self._string is not None:
+                self._string += c
+            if self._escaped:
+                self._escaped = False
+            elif c == "\\":
+                self._escaped = True
+            elif c == '"':
+                self._in_string = False
+                if self._capture == "string" and len(self._stack) == 2:
+                    self._end_arguments()
+                elif self._string is not None:
+                    self._item_string(self._string[:-1], out)
+            return
+        depth = len(self._stack)
+        if self._capture:
+            if self._capture == "scalar" and depth == 2 and c in ",}":
+                self._end_arguments()          # and c is read below, at the item's level
+            else:
+                self._arguments += c
+                if c == '"':
+                    self._in_string = True
+                elif c in "{[":
+                    self._stack.append(c)
+                elif c in "}]":
+                    self._stack.pop()
+                    if len(self._stack) == 2:
+                        self._end_arguments()
+                return
+        if c.isspace():
+            return
+        if depth == 2 and self._expect_value and self._key in self.ARGUMENT_KEYS:
+            self._expect_value = False
+            self._had_arguments = True
+            self._capture = "container" if c in "{[" else "string" if c == '"' else "scalar"
+            self._arguments += c
+            if c in "{[":
+                self._stack.append(c)
+            elif c == '"':
+                self._in_string = True
+            return
+        if c == '"':
+            self._in_string = True
+            if depth == 2:
+                self._string = ""
+                self._string_role = "value" if self._expect_value else "key"
+            return
+        if c in "{[":
+            self._stack.append(c)
+            if depth == 1 and c == "{":   # a new call
+                self._name, self._started, self._had_arguments, self._key = None, False, False, None
+            return
+        if c in "}]":
+            if self._stack:
+                self._stack.pop()
+            if depth == 2 and c == "}":
+                if self._started and not self._had_arguments:
+                    self._arguments = "{}"
+                self._send_arguments(out)
+            return
+        if depth == 2 and c == ":":
+            self._expect_value = True
+        elif depth == 2 and c == ",":
+            self._expect_value = False
+
+    def _item_string(self, raw: str, out: Delta) -> None:
+        self._string = None
+        try:
+            value = json.loads(f'"{raw}"')
+        except ValueError:
+            value = raw
+        if self._string_role == "key":
+            self._key = value
+            return
+        self._expect_value = False
+        if self._key == "name" and not self._started and self._calls.allowed():
+            out.tool_calls.append(self._calls.start(value))
+            self._started = True
+            self._send_arguments(out)
+
+    def _end_arguments(self) -> None:
+        self._capture = None
+
+    def _send_arguments(self, out: Delta) -> None:
+        if self._started and self._arguments:
+            out.tool_calls.append(self._calls.arguments(self._arguments))
+            self._arguments = ""
+
+
+def _call(value: Any) -> tuple[str, str] | None:
+    """(name, arguments JSON text) of a {"name", "arguments"/"parameters"} object, else None."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):   # some models write the arguments as JSON text
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return value["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def _json_values(text: str, separators: str = "") -> list[Any] | None:
+    """The JSON values `text` holds one after another (whitespace and `separators` between), or None."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and (text[at].isspace() or text[at] in separators):
+            at += 1
+        if at == len(text):
+            return values or None
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        values.append(value)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that begins `marker` (held back: the marker may follow)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class Hermes(Reader):
+    START, END = "<tool_call>", "</tool_call>"
+
+    def __init__(self, parallel: bool = True):
+        super().__init__(parallel)
+        self._buffer, self._in_call, self._content = "", False, _Content()
+
+    def feed(self, text: str) -> Delta:
+        out, self._buffer = Delta(), self._buffer + text
+        while True:
+            if not self._in_call:
+                at = self._buffer.find(self.START)
+                if at < 0:
+                    keep = _partial_suffix(self._buffer, self.START)
+                    out.content += self._content.emit(self._buffer[:len(self._buffer) - keep])
+                    self._buffer = self._buffer[len(self._buffer) - keep:]
+                    return out
+                out.content += self._content.emit(self._buffer[:at])
+                self._buffer, self._in_call = self._buffer[at + len(self.START):], True
+            else:
+                at = self._buffer.find(self.END)
+                if at < 0:
+                    return out
+                self._block(self._buffer[:at], True, out)
+                self._buffer, self._in_call = self._buffer[at + len(self.END):], False
+
+    def finish(self) -> Delta:
+        out = Delta()
+        if self._in_call:   # no closing tag (the answer ended after the JSON, or was cut)
+            self._block(self._buffer, False, out)
+        else:
+            out.content += self._content.emit(self._buffer)
+        self._buffer = ""
+        out.content += self._content.flush(self.calls > 0)
+        return out
+
+    def _block(self, block: str, closed: bool, out: Delta) -> None:
+        values = _json_values(block)
+        call = _call(values[0]) if values and len(values) == 1 else None
+        if call is None:
+            out.content += self._content.emit(self.START + block + (self.END if closed else ""))
+        else:
+            out.tool_calls += self._calls.whole(*call)
+            self._content.called()
+
+
+class Llama3Json(Reader):
+    """The answer is calls only, or content only: decided by its first characters, the calls read at the end."""
+    TAG = "<|python_tag|>"
+
+    def __init__(self, parallel: bool = True):
+        super().__init__(parallel)
+        self._buffer, self._mode = "", None   # None until decided, then "content" or "calls"
+
+    def feed(self, text: str) -> Delta:
+        if self._mode == "content":
+            return Delta(content=text)
+        self._buffer += text
+        if self._mode is None:
+            start = self._buffer.lstrip()
+            if not start or (self.TAG.startswith(start) and start != self.TAG):
+                return Delta()
+            self._mode = "calls" if start.startswith((self.TAG, "{")) else "content"
+            if self._mode == "content":
+                text, self._buffer = self._buffer, ""
+                return Delta(content=text)
+        return Delta()
+
+    def finish(self) -> Delta:
+        text, self._buffer = self._buffer, ""
+        if self._mode != "calls":
+            return Delta(content=text)
+        body = text.strip().removeprefix(self.TAG)
+        values = _json_values(body, ";")
+        calls = [_call(v) for v in values or []]
+        if not calls or None in calls:
+            return Delta(content=text)
+        out = Delta()
+        for call in calls:
+            out.tool_calls += self._calls.whole(*call)
+        return out
+
+
+class Mistral(Reader):
+    MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+    def __init__(self, parallel: bool = True):
+        super().__init__(parallel)
+        self._buffer, self._mode, self._content = "", None, _Content()   # mode: None, "content", "calls"
+
+    def feed(self, text: str) -> Delta:
+        self._buffer += text
+        out = Delta()
+        if self._mode is None:
+            start = self._buffer.lstrip()
+            if not start or start == "[" or (self.MARK.startswith(start) and start != self.MARK):
+                return out
+            self._mode = "calls" if start.startswith((self.MARK, "[{")) else "content"
+        if self._mode == "content":
+            at = self._buffer.find(self.MARK)
+            if at < 0:
+                keep = _partial_suffix(self._buffer, self.MARK)
+                out.content += self._content.emit(self._buffer[:len(self._buffer) - keep])
+                self._buffer = self._buffer[len(self._buffer) - keep:]
+                return out
+            out.content += self._content.emit(self._buffer[:at])
+            self._buffer, self._mode = self._buffer[at:], "calls"
+        return out
+
+    def finish(self) -> Delta:
+        text, self._buffer = self._buffer, ""
+        out = Delta()
+        if self._mode != "calls":
+            out.content += self._content.emit(text)
+        else:
+            calls = self._read(text)
+            if calls is None:
+                out.content += self._content.emit(text)
+            else:
+                for call in calls:
+                    out.tool_calls += self._calls.whole(*call)
+        out.content += self._content.flush(self.calls > 0)
+        return out
+
+    def _read(self, text: str) -> list[tuple[str, str]] | None:
+        calls = []
+        for part in text.split(self.MARK):
+            part = part.strip()
+            if not part:
+                continue
+            if part.startswith("["):   # [{"name": ..., "arguments": {...}}, ...]
+                values = _json_values(part)
+                if not values or len(values) != 1 or not isinstance(values[0], list):
+                    return None
+                found = [_call(v) for v in values[0]]
+            else:                      # v11: name[ARGS]{...}, or name{...}
+                name, _, arguments = part.partition(self.ARGS) if self.ARGS in part else \
+                    (part[:part.find("{")], "", part[part.find("{"):]) if "{" in part else (part, "", "")
+                values = _json_values(arguments)
+                found = [_call({"name": name.strip(), "arguments": values[0]})] if values and len(values) == 1 \
+                    else [None]
+            if not found or None in found:
+                return None
+            calls += found
+        return calls or None
+
+
+AUTO = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral}
+
+
+def collect(reader: Reader, text: str) -> tuple[str, list[dict]]:
+    """A whole answer read: its content and its tool calls whole ({"id", "type", "function"})."""
+    delta = reader.feed(text).add(reader.finish())
+    calls: list[dict] = []
+    for entry in delta.tool_calls:
+        if "id" in entry:
+            calls.append({"id": entry["id"], "type": "function", "function": dict(entry["function"])})
+        else:
+            calls[entry["index"]]["function"]["arguments"] += entry["function"]["arguments"]
+    return delta.content, calls

@@ -1,0 +1,203 @@
+"""Tool calls read from hand-written outputs of each model family's format (Qwen2.5/Hermes, Llama 3.1+ JSON,
+Mistral), of `tool_choice` required (a JSON array) and of a named function: the same calls and content
+whether the text arrives whole or split anywhere (every split size, random splits); text that is no
+call stays content; `parallel` False keeps the first call."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragstack.openai_frontend.tool_parsers import (
+    AUTO, Delta, Hermes, Llama3Json, Mistral, Named, Plain, Reader, Required, collect)
+
+WEATHER = {"city": "Paris", "unit": "celsius"}
+ADD = {"a": 1, "b": [2, {"c": "x\"}y"}]}
+CALLS = [("get_weather", WEATHER), ("add", ADD)]
+
+
+def streamed(reader: Reader, pieces: list[str]) -> tuple[str, list[dict], list[dict]]:
+    """Content, the calls assembled from the deltas, and the deltas themselves."""
+    delta = Delta()
+    for piece in pieces:
+        delta.add(reader.feed(piece))
+    delta.add(reader.finish())
+    calls: dict[int, dict] = {}
+    for entry in delta.tool_calls:
+        if "id" in entry:
+            assert entry["index"] not in calls and entry["type"] == "function"
+            assert entry["id"].startswith("call_") and entry["function"]["arguments"] == ""
+            calls[entry["index"]] = {"name": entry["function"]["name"], "arguments": ""}
+        else:
+            assert set(entry) == {"index", "function"} and set(entry["function"]) == {"arguments"}
+            calls[entry["index"]]["arguments"] += entry["function"]["arguments"]
+    assert sorted(calls) == list(range(len(calls)))
+    return delta.content, [calls[i] for i in sorted(calls)], delta.tool_calls
+
+
+def split(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def parsed(calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(c["name"], json.loads(c["arguments"])) for c in calls]
+
+
+def hermes_text(calls, before="", between="\n") -> str:
+    blocks = [f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>' for n, a in calls]
+    return before + between.join(blocks)
+
+
+FAMILIES = {
+    "hermes": hermes_text(CALLS, before="Let me check that.\n"),
+    "llama3_json": "<|python_tag|>" + "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in CALLS),
+    "mistral": "[TOOL_CALLS] " + json.dumps([{"name": n, "arguments": a} for n, a in CALLS]),
+}
+CONTENT = {"hermes": "Let me check that.", "llama3_json": "", "mistral": ""}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 13, 10_000])
+def test_each_family_gives_the_same_calls_however_the_text_is_split(family, size):
+    content, calls, _ = streamed(AUTO[family](), split(FAMILIES[family], size))
+    assert parsed(calls) == CALLS and content == CONTENT[family]
+    whole_content, whole_calls = collect(AUTO[family](), FAMILIES[family])
+    assert whole_content == content and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                         for c in whole_calls] == CALLS
+    assert len({c["id"] for c in whole_calls}) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(family=st.sampled_from(sorted(FAMILIES)), cuts=st.lists(st.integers(0, 400), max_size=12))
+def test_random_splits(family, cuts):
+    text = FAMILIES[family]
+    points = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+    content, calls, _ = streamed(AUTO[family](), pieces)
+    assert parsed(calls) == CALLS and content == CONTENT[family]
+
+
+def test_hermes_streams_content_at_once_and_holds_only_what_may_begin_a_tag():
+    reader = Hermes()
+    assert reader.feed("Hello wor").content == "Hello wor"
+    assert reader.feed("ld <tool").content == "ld"          # " <tool" might open a call
+    assert reader.feed("box> ok").content == " <toolbox> ok"
+    rest = reader.finish()
+    assert rest.content == "" and not rest.tool_calls and reader.calls == 0
+
+
+def test_hermes_call_deltas_name_first_then_the_arguments():
+    _, _, deltas = streamed(Hermes(), split(hermes_text(CALLS[:1]), 4))
+    assert [set(d) for d in deltas] == [{"index", "id", "type", "function"}, {"index", "function"}]
+    assert deltas[0]["function"]["name"] == "get_weather" and json.loads(deltas[1]["function"]["arguments"]) == WEATHER
+
+
+@pytest.mark.parametrize("text", [
+    "Nothing to call here.",
+    "<tool_call>\nnot json\n</tool_call>",
+    '<tool_call>\n{"arguments": {}}\n</tool_call>',                     # no name
+    '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',       # arguments not an object
+])
+def test_hermes_text_that_is_no_call_stays_content(text):
+    content, calls, _ = streamed(Hermes(), split(text, 3))
+    assert content == text and not calls
+
+
+def test_hermes_an_unclosed_block_is_a_call_if_it_parses():
+    content, calls, _ = streamed(Hermes(), ['<tool_call>\n{"name": "f", "arguments": {"x": 1}}'])
+    assert parsed(calls) == [("f", {"x": 1})] and content == ""
+    content, calls, _ = streamed(Hermes(), ['<tool_call>\n{"name": "f", "argu'])   # cut at max_tokens
+    assert not calls and content == '<tool_call>\n{"name": "f", "argu'
+
+
+def test_hermes_arguments_as_json_text_and_text_after_calls():
+    text = '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": 1}"}\n</tool_call>\nDone.'
+    content, calls, _ = streamed(Hermes(), split(text, 5))
+    assert parsed(calls) == [("f", {"x": 1})] and content == "Done."
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_parallel_false_keeps_the_first_call(family):
+    content, calls, _ = streamed(AUTO[family](parallel=False), split(FAMILIES[family], 7))
+    assert parsed(calls) == CALLS[:1] and content == CONTENT[family]
+
+
+@pytest.mark.parametrize("text, calls", [
+    ('{"name": "f", "parameters": {"x": 1}}', [("f", {"x": 1})]),
+    ('  {"name": "f", "arguments": {}}  ', [("f", {})]),
+    ('<|python_tag|>{"name": "f", "parameters": {"q": "a;b"}};{"name": "g", "parameters": {}}',
+     [("f", {"q": "a;b"}), ("g", {})]),
+])
+def test_llama3_json_calls(text, calls):
+    content, found, _ = streamed(Llama3Json(), split(text, 2))
+    assert parsed(found) == calls and content == ""
+
+
+@pytest.mark.parametrize("text", ["The answer is 4.", '{"answer": 4}', '{"name": "f", "parameters": {}} trailing',
+                                  '<|python_tag|>print("hi")', "<|python", '{"name": "f", "param'])
+def test_llama3_json_other_text_is_content(text):
+    content, calls, _ = streamed(Llama3Json(), split(text, 3))
+    assert content == text and not calls
+
+
+def test_llama3_json_content_streams_once_the_start_says_so():
+    reader = Llama3Json()
+    assert reader.feed("  ").content == ""          # not decided yet
+    assert reader.feed("Hi").content == "  Hi"
+    assert reader.feed(" there").content == " there"
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ('[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}]', "", [("f", {"x": 1})]),
+    ('[{"name": "f", "arguments": {"x": 1}}]', "", [("f", {"x": 1})]),     # the special token skipped
+    ('Sure. [TOOL_CALLS]f[ARGS]{"x": 1}[TOOL_CALLS]g[ARGS]{}', "Sure.", [("f", {"x": 1}), ("g", {})]),   # v11
+    ('[TOOL_CALLS]f{"x": 1}', "", [("f", {"x": 1})]),
+    ("[1] is the source.", "[1] is the source.", []),
+    ("[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
+    ("Sure. [TOOL_CALLS] not json", "Sure. [TOOL_CALLS] not json", []),
+    ('[{"a": 1}]', '[{"a": 1}]', []),
+])
+def test_mistral(text, content, calls):
+    for size in (1, 4, 100):
+        found_content, found, _ = streamed(Mistral(), split(text, size))
+        assert parsed(found) == calls and found_content == content
+
+
+REQUIRED = json.dumps([{"name": n, "parameters": a} for n, a in CALLS])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 10_000])
+def test_required_streams_each_call_name_first_then_arguments_fragments(size):
+    content, calls, deltas = streamed(Required(), split(REQUIRED, size))
+    assert parsed(calls) == CALLS and content == ""
+    assert [json.loads(c["arguments"]) for c in calls] == [WEATHER, ADD]
+    if size == 1:   # arguments go out as they come: many fragments, the first right after the name
+        assert len(deltas) > 20 and deltas[1]["function"]["arguments"] == "{"
+
+
+@pytest.mark.parametrize("text, calls", [
+    ('[{"parameters": {"x": 1}, "name": "f"}]', [("f", {"x": 1})]),   # arguments before the name
+    ('[{"name": "f", "arguments": {"x": "]}"}}]', [("f", {"x": "]}"})]),
+    ('[{"name": "f", "parameters": {}}]', [("f", {})]),
+    ('[{"name": "f"}]', [("f", {})]),
+    ('[{"name": "f", "parameters": 3}]', [("f", 3)]),
+    ('[{"name": "f\\u00e9", "parameters": {"s": "\\\\"}}]', [("f\u00e9", {"s": "\\"})]),
+])
+def test_required_shapes(text, calls):
+    for size in (1, 5, 1000):
+        content, found, _ = streamed(Required(), split(text, size))
+        assert parsed(found) == calls and content == ""
+
+
+def test_required_cut_short_keeps_what_was_read():
+    content, calls, _ = streamed(Required(), [REQUIRED[:30]])
+    assert [c["name"] for c in calls] == ["get_weather"] and REQUIRED[:30].endswith(calls[0]["arguments"])
+
+
+def test_named_and_plain():
+    content, calls, deltas = streamed(Named("f"), ['{"x"', ": 1}"])
+    assert parsed(calls) == [("f", {"x": 1})] and content == "" and len(deltas) == 3
+    assert streamed(Named("f"), [])[1] == [{"name": "f", "arguments": ""}]     # nothing generated: still the call
+    assert collect(Plain(), "<tool_call>x") == ("<tool_call>x", [])
