@@ -13,7 +13,10 @@ from bad_input import Case, tensor
 from bad_input_strategies import FINITE, INT64, _not_utf8
 from llm_engine.sampling_params import SamplingParams
 
-KNOWN = sorted(f.name for f in dataclasses.fields(SamplingParams))
+# Keys the llm reads: SamplingParams' fields and vLLM's that map onto them (n and best_of of 1, structured
+# output's own keys: test_llm_structured_output.py).
+KNOWN = sorted({f.name for f in dataclasses.fields(SamplingParams)} | {
+    "n", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend"})
 NUMERIC = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
            "frequency_penalty", "seed", "max_tokens", "min_tokens"]
 BOOLEAN = ["ignore_eos", "logprobs", "skip_special_tokens"]
@@ -24,7 +27,8 @@ CHAT = '[{"role": "user", "content": "hi"}]'
 
 BIG = 10 ** 30  # integers stay under the backend's 32 digits, so the error is about the key, not the JSON
 _INT = st.integers(-BIG, BIG)
-# Values that are no number and no bool (null is left out: it is valid for seed and max_tokens).
+# Values that are no number and no bool. null is left out: it leaves a key's default, as in vLLM's
+# OpenAI server (docs/llm_model.md).
 _WRONG_TYPE = st.one_of(st.text(max_size=6), st.lists(st.integers(0, 9), max_size=3),
                         st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2))
 _NOT_NUMBER = st.one_of(_WRONG_TYPE, st.booleans())
@@ -42,23 +46,23 @@ def _above(bound):
 
 
 BAD_VALUES = {
-    "temperature": st.one_of(_below(0.0), _NOT_NUMBER, st.none()),
-    "top_p": st.one_of(_below(0.0, inclusive=True), _above(1.0), _NOT_NUMBER, st.none()),
-    "min_p": st.one_of(_below(0.0), _above(1.0), _NOT_NUMBER, st.none()),
-    "repetition_penalty": st.one_of(_below(0.0, inclusive=True), _NOT_NUMBER, st.none()),
-    "presence_penalty": st.one_of(_below(-2.0), _above(2.0), _NOT_NUMBER, st.none()),
-    "frequency_penalty": st.one_of(_below(-2.0), _above(2.0), _NOT_NUMBER, st.none()),
-    "top_k": st.one_of(_NOT_INT, st.none()),
+    "temperature": st.one_of(_below(0.0), _NOT_NUMBER),
+    "top_p": st.one_of(_below(0.0, inclusive=True), _above(1.0), _NOT_NUMBER),
+    "min_p": st.one_of(_below(0.0), _above(1.0), _NOT_NUMBER),
+    "repetition_penalty": st.one_of(_below(0.0, inclusive=True), _NOT_NUMBER),
+    "presence_penalty": st.one_of(_below(-2.0), _above(2.0), _NOT_NUMBER),
+    "frequency_penalty": st.one_of(_below(-2.0), _above(2.0), _NOT_NUMBER),
+    "top_k": _NOT_INT,
     "seed": _NOT_INT,
     "max_tokens": st.one_of(_NOT_INT, st.integers(-BIG, 0), st.integers(MAX_MODEL_LEN, BIG)),
-    "min_tokens": st.one_of(_NOT_INT, st.none(), st.integers(-BIG, -1), st.integers(17, BIG)),  # > 16, the default max
-    "stop": st.one_of(_INT, st.floats(**FINITE), st.booleans(), st.none(),
+    "min_tokens": st.one_of(_NOT_INT, st.integers(-BIG, -1), st.integers(17, BIG)),  # > 16, the default max
+    "stop": st.one_of(_INT, st.floats(**FINITE), st.booleans(),
                       st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
-                      st.lists(st.one_of(st.just(""), _INT, st.none()), min_size=1, max_size=3)),
-    "stop_token_ids": st.one_of(_INT, st.text(max_size=4), st.none(), st.lists(
+                      st.lists(st.one_of(st.just(""), _INT), min_size=1, max_size=3)),
+    "stop_token_ids": st.one_of(_INT, st.text(max_size=4), st.lists(
         st.one_of(st.integers(-BIG, -1), st.integers(1 << 40, BIG), st.text(max_size=2), st.floats(**FINITE)),
         min_size=1, max_size=3)),
-    **{name: st.one_of(_INT, st.text(max_size=4), st.none(), st.lists(st.booleans(), max_size=2))
+    **{name: st.one_of(_INT, st.text(max_size=4), st.lists(st.booleans(), max_size=2))
        for name in BOOLEAN},
 }
 

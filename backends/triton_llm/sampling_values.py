@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 import typing
 from typing import Any
 
@@ -64,7 +65,7 @@ def coerce(params: dict[str, Any], source: str) -> dict[str, Any]:
             out[key] = value  # SamplingParams.from_dict names the unknown key and the known ones
             continue
         if value is None:
-            if type(None) in typing.get_args(kind):
+            if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in typing.get_args(kind):
                 out[key] = None
             continue  # null leaves the default
         out[key] = _convert(source, key, value, kind)
@@ -100,8 +101,9 @@ def _structured(source: str, key: str, value: Any, into: dict[str, Any]) -> None
 
 
 def _convert(source: str, key: str, value: Any, kind: Any) -> Any:
-    kinds = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]
-    base = kinds[0]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: X
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
+    base = kind
     if key == "logprobs" and isinstance(value, bool):
         return value  # the engine's own flag: True is 0 (the token's own logprob)
     if base is float:

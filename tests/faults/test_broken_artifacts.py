@@ -54,7 +54,8 @@ BROKEN = [
     ("missing_onnx", [r"missing_onnx/1/model\.onnx", "File doesn't exist"]),
     ("missing_index", [r"index\.faiss is missing from .*missing_index/1", "ragstack index build"]),
     ("truncated_index", [r"index\.faiss in .*truncated_index/1 cannot be read \(.*read error", "ragstack index build"]),
-    ("missing_checkpoint", [r"model folder '.*missing_checkpoint/1/tiny-qwen2' does not exist"]),
+    ("missing_checkpoint", [r"model 'tiny-qwen2': no folder .*missing_checkpoint/1/tiny-qwen2\. Name a local "
+                            r"Hugging Face folder", r"nothing is downloaded"]),
     ("engine_fails", [r"the engine process exited with code 1 while starting; its last output:",
                       r"Traceback", r"num_kv_blocks 1000000000 x block_size 16 exceeds \d+ cache slots"]),
 ]

@@ -35,7 +35,6 @@ def post(url: str, path: str, body: bytes, method: str = "POST", headers: dict |
     ("POST", "/v2/models/llm/generate_stream", {"text_input": "Hello", "stream": True, "parameters": GREEDY}),
     ("POST", "/v2/models/llm/generate", {"text_input": ""}),
     ("POST", "/v2/models/llm/generate_stream", {"text_input": ""}),
-    ("POST", "/v2/models/llm/generate", {"text_input": "Hi", "max_tokens": "many"}),
     ("POST", "/v2/models/nope/generate", {"text_input": "Hi"}),
     ("GET", "/v2/models/llm/generate", None),
     ("POST", "/v2/models/embed/infer", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}),
@@ -46,6 +45,8 @@ def post(url: str, path: str, body: bytes, method: str = "POST", headers: dict |
     ("GET", "/v2/health/ready", None),
 ])
 def test_answers_as_triton_does_directly(triton_server, method, path, body):
+    """Where the gateway knows better it differs on purpose (a generate value it cannot convert is a
+    400 naming it, not Triton's 500: test_vllm_backend_compat); everything else passes unchanged."""
     data = json.dumps(body).encode() if body is not None else b""
     through = comparable(*post(triton_server.http_url, path, data, method))
     assert through == comparable(*post(triton_server.triton_http_url, path, data, method))

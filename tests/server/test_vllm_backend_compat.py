@@ -103,6 +103,13 @@ def test_every_prompt_is_answered_on_one_stream(triton_server, as_tensor):
         assert result.as_numpy("text_output") is not None
 
 
+def test_null_sampling_values_leave_the_defaults(triton_server):
+    sampling = {"temperature": None, "top_p": None, "max_tokens": "4", "stop_token_ids": "[0]"}
+    request = {**vllm_request("Hello", "nulls", False, sampling), "parameters": {}}  # JSON has null, Triton's not
+    [result] = run_stream(triton_server.grpc_url, [request])
+    assert not isinstance(result, InferenceServerException), result
+
+
 @pytest.mark.parametrize("exclude, prefixed", [(None, True), (False, True), (True, False)])
 def test_exclude_input_in_output_when_not_streaming(triton_server, exclude, prefixed):
     prompt = PROMPTS[1]
@@ -248,6 +255,9 @@ def test_vllm_backends_metric_families_count_the_requests(triton_server):
     prompts = [f"Metrics prompt number {i} with its own words" for i in range(3)]
     results = run_stream(triton_server.grpc_url, [vllm_request(p, i, False, sampling) for i, p in enumerate(prompts)])
     assert not any(isinstance(r, InferenceServerException) for r in results), results
+    # The llm publishes its counts every metrics_interval_s: reads a second apart can agree before that.
+    wanted = before["vllm:generation_tokens_total"] + 3 * 8
+    wait_for_metric(url, "vllm:generation_tokens_total", MODEL, lambda v: v >= wanted)
     delta = settled(lambda: {n: metric_value(url, n, MODEL) - before[n] for n in names})
     assert delta["vllm:generation_tokens_total"] == delta["vllm:request_generation_tokens_sum"] == 3 * 8, delta
     assert delta["vllm:prompt_tokens_total"] >= 3 * 5, delta  # each prompt's tokens computed once
@@ -299,6 +309,9 @@ def test_a_model_json_that_cannot_be_honoured_fails_the_load_naming_why(triton_s
 @pytest.mark.parametrize("parameters, status, fragment", [
     ({"max_tokens": "8", "temperature": "0", "ignore_eos": "true"}, 200, None),  # strings, as vLLM's clients send
     ({"max_tokens": 8, "stop": '["zzz"]', "top_p": 1}, 200, None),
+    ({"max_tokens": 8, "stop_token_ids": [0, 1]}, 200, None),
+    ({"max_tokens": 8, "stop_token_ids": "[0, 1]"}, 200, None),
+    ({"stop_token_ids": 7}, 400, "'stop_token_ids' must be a list (or a JSON-list string), got 7"),
     ({"max_tokens": "eight"}, 400, "'parameters.max_tokens' must be an integer for the input's type INT32"),
     ({"max_tokens": "99999999999"}, 400, "'parameters.max_tokens' = 99999999999 is out of range for INT32"),
     ({"temperature": "hot"}, 400, "'temperature' must be a number or a numeric string, got 'hot'"),
