@@ -23,6 +23,14 @@ single-row projections against the unfused ones):
     python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a --no-hf \
         --engine '{}' --engine '{"launch_params": {"skinny_linear": {"max_rows": 0}}}'
 
+--guided adds, per workload, a row with every request guided by one of 20 JSON schemas and a row
+unguided at the lengths the guided requests reached (structured output's cost alone), and the
+grammar compile times (cache miss and hit); the checkpoint needs a BPE tokenizer:
+
+    python -m benchmarks.bpe_tokenizer --out /tmp/bpe
+    python -m benchmarks.make_random_model --shape llama3-8b --out /tmp/l8b-bpe --tokenizer /tmp/bpe
+    python -m benchmarks.bench_engine --model /tmp/l8b-bpe --workloads a,b --no-hf --guided
+
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
     python -m benchmarks.bench_engine --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
@@ -45,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import record
+from benchmarks import guided_schemas, record
 from benchmarks.provenance import machine
 from benchmarks.table import markdown, rounded
 
@@ -104,10 +112,12 @@ def measure_bandwidth() -> float:
 
 
 def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int,
-               async_scheduling: bool = True, overrides: dict | None = None) -> Row:
+               async_scheduling: bool = True, overrides: dict | None = None, guided: list[dict] | None = None,
+               label: str = "") -> tuple[Row, list]:
     """Peak memory is rank 0's GPU (each rank holds its shard and KV pool). `overrides`: more
     EngineConfig fields, and "launch_params" ({kernel: {param: value}} over launch_configs/*.json;
-    this process's kernels only, so rank 0's), named in the row's system."""
+    this process's kernels only, so rank 0's), named in the row's system. `guided`: a JSON schema per
+    request (structured output). Returns the row and the outputs."""
     from llm_engine import LLM, SamplingParams
     from llm_engine.kernels.launch_config import override_launch_params
 
@@ -123,8 +133,14 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
             stack.enter_context(override_launch_params(kernel, **values))
         llm = stack.enter_context(LLM(model, **settings))  # built, warmed up and captured under them
         prompts = [ids for ids, _ in requests]
-        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in requests]
+        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True,
+                                 structured_outputs={"json": guided[i]} if guided else None)
+                  for i, (_, o) in enumerate(requests)]
         llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
+        if guided:  # each schema compiled once before the clock starts: compile_times() measures that
+            distinct = list({json.dumps(g): g for g in guided}.values())
+            llm.generate(prompts[:1] * len(distinct), [SamplingParams(temperature=0.0, max_tokens=2, structured_outputs={
+                "json": g}) for g in distinct])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 8)
@@ -135,13 +151,14 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
     system = ("engine" if tp == 1 else f"engine TP={tp}") + ("" if async_scheduling else " sync-sched")
     if overrides:
         system += " " + ", ".join(f"{k}={v}" for k, v in overrides.items())
+    system += label
     row = Row(system, workload, kv_dtype, len(outputs), n_out, seconds,
               n_out / seconds, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
               torch.cuda.max_memory_allocated() / 1e9)
-    del llm, outputs
+    del llm
     gc.collect()
     torch.cuda.empty_cache()
-    return row
+    return row, outputs
 
 
 def run_hf(model: str, workload: str, requests, batch_size: int) -> Row:
@@ -189,6 +206,56 @@ from llm_engine import LLM
 LLM(sys.argv[1], dtype="bfloat16", max_model_len=int(sys.argv[2]))
 print(time.perf_counter() - t0)
 """
+
+
+def run_guided(args, workload: str, requests) -> tuple[list[Row], str]:
+    """Every request guided by one of 20 JSON schemas, then the same requests unguided with the
+    lengths the guided ones reached (a grammar may end a request early): the cost of guidance alone."""
+    import jsonschema
+
+    schemas = guided_schemas.schemas()
+    guided = [schemas[i % len(schemas)] for i in range(len(requests))]
+    common = (args.model, workload)
+    rest = ("auto", args.max_model_len, args.tensor_parallel_size)
+    row, outputs = run_engine(*common, requests, *rest, guided=guided, label=" guided (20 JSON schemas)")
+    stopped = [(o, g) for o, g in zip(outputs, guided) if o.finish_reason == "stop"]
+    invalid = 0
+    for out, schema in stopped:
+        try:
+            jsonschema.validate(json.loads(out.text), schema)
+        except (ValueError, jsonschema.ValidationError):
+            invalid += 1
+    same = [(ids, max(1, len(o.token_ids))) for (ids, _), o in zip(requests, outputs)]
+    free, _ = run_engine(*common, same, *rest, label=" unguided, the guided lengths")
+    share = row.tok_s / free.tok_s
+    target = 0.95 if workload == "a" else 0.90
+    note = (f"({workload}) guided {row.tok_s:,.0f} tok/s = {100 * share:.1f}% of unguided at the same lengths "
+            f"({free.tok_s:,.0f}; target >= {100 * target:.0f}%: {'met' if share >= target else 'missed'}); "
+            f"{len(stopped)} of {len(outputs)} guided outputs complete ({invalid} not valid JSON of their schema), "
+            f"the rest cut at max_tokens")
+    print(note, flush=True)
+    return [row, free], note
+
+
+def compile_times(model: str) -> str:
+    """The 20 schemas compiled by the engine's GrammarCompiler for the model's tokenizer: once (a cache
+    miss) and again (a hit)."""
+    from llm_engine.engine.structured_output import GrammarCompiler
+    from llm_engine.model.tokenizer import Tokenizer
+    from llm_engine.sampling_params import StructuredOutputs
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    tokenizer = Tokenizer(model)
+    compiler = GrammarCompiler(tokenizer, cfg["vocab_size"], (cfg["eos_token_id"],), compile_timeout_s=60)
+    times = {"miss": [], "hit": []}
+    for spent in times.values():
+        for schema in guided_schemas.schemas():
+            t0 = time.perf_counter()
+            compiler.submit(StructuredOutputs(json=schema)).result()
+            spent.append(time.perf_counter() - t0)
+    compiler.close()
+    return (f"grammar compile, 20 schemas: miss p50 {pct(times['miss'], 50):.1f} ms, max "
+            f"{max(times['miss']) * 1e3:.1f} ms; cache hit p50 {pct(times['hit'], 50) * 1e3:.1f} us")
 
 
 def measure_startup(model: str, max_model_len: int) -> dict:
@@ -268,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run each workload with async scheduling off (rows 'engine sync-sched')")
     parser.add_argument("--engine", action="append", type=json.loads, default=None, metavar="JSON",
                         help="EngineConfig overrides; repeat to run each workload once per setting")
+    parser.add_argument("--guided", action="store_true",
+                        help="also run each workload with every request JSON-schema-guided (20 schemas, "
+                             "benchmarks/guided_schemas.py) and unguided at the guided outputs' lengths; needs a "
+                             "tokenizer that can spell JSON (make_random_model.py --tokenizer)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     record.add_argument(parser, "engine")
     argv = sys.argv[1:] if argv is None else argv
@@ -282,13 +353,18 @@ def main(argv: list[str] | None = None) -> int:
         runs += [(w, "fp8_e4m3") for w in ("b", "c")] + [(w, "auto") for w in ("b", "c") if w not in names]
     bandwidth = measure_bandwidth()
     rows: list[Row] = []
+    notes_guided: list[str] = []
     for workload, kv in runs:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
         for overrides in args.engine or [{}]:
             for async_scheduling in (True, False) if args.compare_sync else (True,):
                 rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len,
-                                       args.tensor_parallel_size, async_scheduling, overrides))
+                                       args.tensor_parallel_size, async_scheduling, overrides)[0])
                 print(rows[-1], flush=True)
+        if args.guided and kv == "auto":
+            guided_rows, note = run_guided(args, workload, requests)
+            rows += guided_rows
+            notes_guided.append(note)
         if not args.no_hf and kv == "auto" and args.tensor_parallel_size == 1:
             subset = requests[:args.hf_requests] if (workload == "b" and args.hf_requests) else requests
             rows.append(run_hf(args.model, workload, subset, args.hf_batch_size))
@@ -300,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L",
              f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s{gpus}; single-stream roofline for (a) "
              f"{roof:.0f} tok/s"]
-    notes += target_notes(rows, roof)
+    notes += target_notes(rows, roof) + notes_guided
+    if args.guided:
+        notes.append(compile_times(args.model))
     startup = measure_startup(args.model, args.max_model_len) if args.startup else None
     if startup:
         notes.append(f"load-to-ready {startup['warm']:.1f} s with a warm kernel cache, {startup['cold']:.1f} s cold; "

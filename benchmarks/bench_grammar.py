@@ -16,14 +16,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from benchmarks import record
+from benchmarks import bpe_tokenizer, record
 from benchmarks.provenance import machine
 from benchmarks.table import markdown
-
-VOCAB = 128256
-CACHE = Path("/tmp/ragstack-bench-grammar-tokenizer")
 
 SCHEMAS = {
     "flat object": ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -55,27 +51,13 @@ SCHEMAS = {
         {"answer": "Blocks of 16 tokens hold the KV cache.", "sources": [1, 3]}),
 }
 
+TRAINED = f"a {bpe_tokenizer.VOCAB}-token byte-level BPE trained on the stdlib"
+
 
 def tokenizer(folder: str | None):
     from transformers import PreTrainedTokenizerFast
 
-    if folder:
-        return PreTrainedTokenizerFast.from_pretrained(folder)
-    if not (CACHE / "tokenizer.json").exists():
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        stdlib = Path(json.__file__).resolve().parents[1]
-        sources = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts)
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB - 1, special_tokens=["<|eos|>"], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        texts = (p.read_text(errors="replace") for p in sources)
-        tok.train_from_iterator(texts, trainer)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>").save_pretrained(CACHE)
-    return PreTrainedTokenizerFast.from_pretrained(CACHE)
+    return PreTrainedTokenizerFast.from_pretrained(folder or bpe_tokenizer.train())
 
 
 class XGrammar:
@@ -175,8 +157,7 @@ def main(argv: list[str]) -> None:
     print(markdown(rows))
     if args.record:
         record.write(args.record, __file__, argv, args, machine("cpu"), rows,
-                     [f"tokenizer: {args.tokenizer or f'a {VOCAB}-token byte-level BPE trained on the stdlib'}, "
-                      f"{len(tok)} tokens"])
+                     [f"tokenizer: {args.tokenizer or TRAINED}, {len(tok)} tokens"])
 
 
 if __name__ == "__main__":

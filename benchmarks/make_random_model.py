@@ -65,12 +65,25 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
         "model_max_length": 1 << 20}))
 
 
+def copy_tokenizer(source: Path, out: Path, vocab_size: int) -> int:
+    """The tokenizer files of `source` into `out`; its end-of-sequence id."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(source)
+    if len(tok) > vocab_size:
+        raise SystemExit(f"{source} has {len(tok)} tokens, more than the shape's vocab_size {vocab_size}")
+    tok.save_pretrained(out)
+    return tok.eos_token_id
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="an HF tokenizer folder to ship instead of the word-level one (benchmarks/bpe_tokenizer.py: "
+                             "structured output needs a tokenizer that can spell JSON)")
     args = parser.parse_args(argv)
 
     cfg = dict(SHAPES[args.shape])
@@ -115,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=1))
     vocab = cfg["vocab_size"]
+    eos = copy_tokenizer(args.tokenizer, out, vocab) if args.tokenizer else vocab - 1
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
               "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": args.dtype,
-              "bos_token_id": vocab - 1, "eos_token_id": vocab - 1, "attention_bias": False,
+              "bos_token_id": eos, "eos_token_id": eos, "attention_bias": False,
               "mlp_bias": False, "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"], **cfg}
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab - 1, "bos_token_id": vocab - 1}))
-    write_tokenizer(out, vocab)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "bos_token_id": eos}))
+    if not args.tokenizer:
+        write_tokenizer(out, vocab)
     print(f"wrote {out} ({len(shards)} shards, {total_size / 1e9:.2f} GB)")
     return 0
 

@@ -103,12 +103,13 @@ class Sampler:
         return SamplerOutput(chosen.to(torch.int32), num_logprobs, _logprobs(logits, chosen, num_logprobs))
 
     def _mask_early_stop(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        """Below min_tokens, eos (unless ignored) and stop_token_ids cannot be sampled."""
+        """Below min_tokens, eos (unless ignored) and stop_token_ids cannot be sampled, except in a
+        structured-output row: there the grammar alone decides where the output may end."""
         rows: list[int] = []
         cols: list[int] = []
         for i, seq in enumerate(seqs):
             p = seq.sampling_params
-            if seq.num_output_tokens >= p.min_tokens:
+            if seq.num_output_tokens >= p.min_tokens or p.structured_outputs is not None:
                 continue
             ids = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
             rows += [i] * len(ids)

@@ -161,6 +161,12 @@ def test_max_tokens_inside_the_structure_ends_with_length(llm):
     assert out.finish_reason == "length" and out.text.startswith('{"n')
 
 
+def test_min_tokens_does_not_hold_back_the_end_of_a_structured_output(llm):
+    out = llm.generate([PROMPT], SamplingParams(max_tokens=32, min_tokens=20,
+                                                structured_outputs={"choice": ["yes", "no"]}))[0]
+    assert out.finish_reason == "stop" and out.text in ("yes", "no"), out.text
+
+
 def test_a_stop_string_ends_a_structured_output(llm):
     out = llm.generate([PROMPT], SamplingParams(max_tokens=64, stop=['"tags"'],
                                                 structured_outputs={"json": SCHEMA}))[0]
