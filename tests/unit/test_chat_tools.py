@@ -1,7 +1,7 @@
 """The llm's chat messages and tools (backends/triton_llm/chat_tools.py): tool calls and tool results kept
 for the template, arguments as objects, everything else refused naming the message or tool; the tool-call
 format read from a chat template; the demo model's template renders tools and tool turns as Qwen2.5's
-does, and plain chats exactly as before."""
+does, and plain chats exactly as before. Every refusal's message is one ragstack.error_codes reads as INVALID_ARG."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends" / "triton_llm"))
 from chat_tools import Invalid, parse_messages, parse_tools, template_info  # noqa: E402
+
+from ragstack.error_codes import code_from_message  # noqa: E402
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
 
@@ -46,6 +48,7 @@ def test_bad_messages_are_named(messages, words):
     with pytest.raises(Invalid) as refused:
         parse_messages(messages)
     assert words in str(refused.value)
+    assert code_from_message(f"in ensemble 'rag', {refused.value}") == "INVALID_ARG"   # read back from a gRPC stream
 
 
 @pytest.mark.parametrize("tools, words", [
@@ -60,6 +63,8 @@ def test_bad_tools_are_named(tools, words):
     with pytest.raises(Invalid) as refused:
         parse_tools(tools)
     assert words in str(refused.value)
+    assert code_from_message(str(refused.value)) == "INVALID_ARG"
+    assert code_from_message("messages: the model's chat template refused them: roles must alternate") == "INVALID_ARG"
 
 
 @pytest.mark.parametrize("template, fmt", [
