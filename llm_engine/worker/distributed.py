@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +96,22 @@ def init_group(store: dist.Store, rank: int, size: int, device: torch.device) ->
     return TensorParallelGroup(rank, size, device)
 
 
-def destroy_group() -> None:
-    if dist.is_initialized():
+def destroy_group(timeout_s: float | None = None) -> bool:
+    """Leave the default group; with `timeout_s`, give up waiting after it (True if it was left).
+    NCCL's destroy can block for good once a peer is gone (seen on two H200s): a process that gives
+    up keeps the group's threads until it exits, so a new group in it is refused."""
+    if not dist.is_initialized():
+        return True
+    if timeout_s is None:
         dist.destroy_process_group()
+        return True
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, name="destroy-process-group", daemon=True).start()
+    return done.wait(timeout_s)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from llm_engine.child_process import read_start_message
 from llm_engine.worker.distributed import destroy_group, init_group, rank_device
+from llm_engine.worker.worker_group import STOP_TIMEOUT_S
 from llm_engine.worker.model_runner import ModelRunner
 from llm_engine.worker.step_inputs import StepLayout
 
@@ -51,7 +52,7 @@ def main() -> None:
     runner = ModelRunner(config, init_group(store, rank, size, device))
     with torch.inference_mode():
         serve(runner)
-    destroy_group()
+    destroy_group(timeout_s=STOP_TIMEOUT_S)  # then exit: rank 0 kills a worker that does not
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ lines are kept for the error rank 0 raises when the worker fails.
 """
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 
@@ -16,6 +17,8 @@ from llm_engine.child_process import ChildProcess
 from llm_engine.config import EngineConfig
 from llm_engine.errors import WorkerError
 from llm_engine.worker.distributed import TensorParallelGroup, destroy_group, init_group, rank_device
+
+logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"      # every rank runs on this host
 EXIT_GRACE_S = 1.0      # for a failing worker to finish exiting once rank 0 saw its step fail
@@ -76,7 +79,9 @@ class WorkerGroup:
         return WorkerError("\n".join([reason, *failed])) if failed else None
 
     def stop(self) -> None:
-        """Tell the workers to leave their loop, wait for them to exit, release the group."""
+        """Tell the workers to leave their loop and leave the group with them (every rank at once: NCCL's
+        destroy on rank 0 alone, after the others exited, never returned), wait for them to exit, kill
+        any that did not within STOP_TIMEOUT_S."""
         if self._stopped:
             return
         try:
@@ -84,17 +89,24 @@ class WorkerGroup:
         except RuntimeError:  # a worker is gone: nothing to wait for, the rest are killed below
             pass
         else:
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            self._leave_group(STOP_TIMEOUT_S)
             for worker in self.workers:
-                worker.wait(timeout=STOP_TIMEOUT_S)
+                worker.wait(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
 
     def kill(self) -> None:
-        """Kill whatever worker still runs and release the group (idempotent)."""
+        """Kill whatever worker still runs and release the group (idempotent), within STOP_TIMEOUT_S."""
         if self._stopped:
             return
         self._stopped = True
         for worker in self.workers:
             worker.kill()
-        destroy_group()
+        self._leave_group(STOP_TIMEOUT_S)
         self.store = None
+
+    def _leave_group(self, timeout_s: float) -> None:
+        if not destroy_group(timeout_s):
+            logger.warning("rank 0 did not leave the tensor-parallel group within %.0f s; its workers are "
+                           "killed and this process cannot start another group", timeout_s)
 

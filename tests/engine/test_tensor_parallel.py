@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -109,6 +110,19 @@ def test_close_stops_the_workers(one_and_two_ranks):
     assert [proc.returncode for proc in runner.workers.procs] == [0]  # left its loop, not killed
     with pytest.raises(RequestFailedError, match="closed"):
         one_and_two_ranks[1].generate(PROMPTS[:1], GREEDY)
+
+
+def test_leaving_a_group_that_never_lets_go_ends_at_the_deadline(monkeypatch):
+    """NCCL's destroy blocked for good on rank 0 of two H200s: the deadline still ends the close."""
+    from llm_engine.worker import distributed
+
+    released = threading.Event()
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: released.wait(30))
+    start = time.monotonic()
+    assert distributed.destroy_group(timeout_s=0.3) is False
+    assert time.monotonic() - start < 2
+    released.set()
 
 
 @pytest.mark.parametrize("tp_size, field", [(3, "num_attention_heads 4"), (4, "num_key_value_heads 2")])
