@@ -132,7 +132,9 @@ class Simulation:
     rule: Rule
     startup_s: int = 180
     metrics_lag_s: int = 30
-    kv_streams: float = 256.0       # streams of the mix whose KV fills a replica's cache
+    # Streams of the mix whose KV fills a replica's pool: 128 KiB a token (8B Llama, bf16), ~900 tokens a stream,
+    # ~110 GB of pool on an H200.
+    kv_streams: float = 900.0
     table: dict = field(default_factory=lambda: H200_8B)
 
     def run(self, curve: list[tuple[float, float]], duration_s: int | None = None) -> list[Sample]:
