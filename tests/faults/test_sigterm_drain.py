@@ -2,8 +2,8 @@
 after their preStop hook) while llm streams are open through each door, a gRPC stream to Triton, an HTTP
 generate_stream through the gateway and a streamed OpenAI completion through the frontend, and every one of them
 runs to its last token and ends once (finish reason "length"), while the gateway and the frontend take no new
-connection (Triton's gRPC still serves a new request), and serve exits 0 within the exit timeout. deploy/k8s sizes preStop, the exit timeouts and the grace period on this path
-(docs/scaling.md)."""
+connection (Triton's gRPC still serves a new request), and serve exits 0 within the exit timeout. deploy/k8s
+sizes preStop, the exit timeouts and the grace period on this path (docs/scaling.md)."""
 from __future__ import annotations
 
 import json

@@ -70,7 +70,8 @@ def _core_definitions() -> dict:
     """The pinned version's strict definitions, as kubernetes-validate ships them."""
     import importlib_resources
 
-    folder = importlib_resources.files("kubernetes_validate") / "kubernetes-json-schema" / f"v{K8S_VERSION}.0-local-strict"
+    schemas = importlib_resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    folder = schemas / f"v{K8S_VERSION}.0-local-strict"
     return json.loads((folder / "_definitions.json").read_text())
 
 
@@ -100,7 +101,8 @@ def _inline(schema: dict) -> dict:
 def _absolute_refs(node):
     """The definitions' own `#/$defs/...` references, made absolute to resolve from another schema."""
     if isinstance(node, dict):
-        return {k: (CORE["$id"] + v if k == "$ref" and v.startswith("#/") else _absolute_refs(v)) for k, v in node.items()}
+        return {k: (CORE["$id"] + v if k == "$ref" and v.startswith("#/") else _absolute_refs(v))
+                for k, v in node.items()}
     if isinstance(node, list):
         return [_absolute_refs(v) for v in node]
     return node
@@ -192,7 +194,8 @@ def test_triton_runs_as_compose_runs_it_with_its_http_behind_the_gateway(everyth
             assert [a for a in args if a.startswith(prefix)] == [a for a in compose if a.startswith(prefix)], prefix
         # The admin key's flags as admin_key writes them, the key from the Secret through the env var.
         assert [a for a in args if "restricted" in a] == [
-            a.replace("=" + k8s.TEST_ADMIN_KEY, f"=$({admin_key.ENV})") for a in admin_key.server_args(k8s.TEST_ADMIN_KEY)]
+            a.replace("=" + k8s.TEST_ADMIN_KEY, f"=$({admin_key.ENV})")
+            for a in admin_key.server_args(k8s.TEST_ADMIN_KEY)]
         env = env_of(triton_container(pod))
         assert env[admin_key.ENV] == {"secretKeyRef": {"name": k8s.ADMIN_SECRET, "key": admin_key.ENV}}
         assert env["TRITON_CACHE_DIR"] == COMPOSE["services"]["triton"]["environment"]["TRITON_CACHE_DIR"]
@@ -266,7 +269,8 @@ def test_the_openai_frontend_runs_composes_command_against_every_triton_pod(ever
         assert env[openai_keys.ENV]["secretKeyRef"]["optional"] is True
         with no_exit():
             assert frontend_main.main(args[3:]) == 1     # parsed; the (stubbed) server did not start
-        assert frontend["ports"] == [{"name": "openai", "containerPort": openai_frontend.DEFAULT_PORT, "protocol": "TCP"}]
+        assert frontend["ports"] == [
+            {"name": "openai", "containerPort": openai_frontend.DEFAULT_PORT, "protocol": "TCP"}]
 
 
 def test_a_plain_triton_address_keeps_tritonclients_channel_and_dns_balances():
@@ -387,7 +391,8 @@ def test_triton_pods_have_a_gpu_shared_memory_and_the_kernel_cache(everything):
 def test_the_servingruntime_runs_the_deployments_containers(everything):
     deployment = k8s.containers(k8s.one(everything, "Deployment", "ragstack-triton"))
     runtime = k8s.containers(k8s.one(everything, "ServingRuntime"))
-    assert deployment["triton"]["args"] == [a.replace("/mnt/models", "/models") for a in runtime["kserve-container"]["args"]]
+    assert deployment["triton"]["args"] == [
+        a.replace("/mnt/models", "/models") for a in runtime["kserve-container"]["args"]]
     assert deployment["gateway"]["args"] == runtime["gateway"]["args"]
     for key in ("env", "resources", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle", "image"):
         assert deployment["triton"][key] == runtime["kserve-container"][key], key
@@ -401,7 +406,8 @@ def test_services_policies_and_monitors_select_the_pods_and_their_ports(everythi
     pods = {d["metadata"]["name"]: d for d in k8s.find(everything, "Deployment")}
     triton = pods["ragstack-triton"]["spec"]["template"]
     ports = {p["name"]: p["containerPort"] for c in triton["spec"]["containers"] for p in c.get("ports", [])}
-    assert ports == {"grpc": DEFAULT_PORTS["grpc"], "metrics": ServerOptions().metrics_port, "http": DEFAULT_PORTS["http"]}
+    assert ports == {"grpc": DEFAULT_PORTS["grpc"], "metrics": ServerOptions().metrics_port,
+                     "http": DEFAULT_PORTS["http"]}
     for service in k8s.find(everything, "Service"):
         selected = [p for p in pods.values()
                     if service["spec"]["selector"].items() <= p["spec"]["template"]["metadata"]["labels"].items()]
@@ -413,8 +419,8 @@ def test_services_policies_and_monitors_select_the_pods_and_their_ports(everythi
     opened = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     assert opened == set(ports.values())
     for monitor in k8s.find(everything, "PodMonitor"):
-        [pod] = [p for p in pods.values()
-                 if monitor["spec"]["selector"]["matchLabels"].items() <= p["spec"]["template"]["metadata"]["labels"].items()]
+        selector = monitor["spec"]["selector"]["matchLabels"].items()
+        [pod] = [p for p in pods.values() if selector <= p["spec"]["template"]["metadata"]["labels"].items()]
         named = {p["name"] for c in pod["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= named
         assert all(e["path"] == "/metrics" for e in monitor["spec"]["podMetricsEndpoints"])
@@ -443,13 +449,15 @@ def test_every_autoscaler_metric_is_a_prometheus_adapter_rule(everything):
         assert re.fullmatch(rule["name"]["matches"], series)
         assert series in k8s.promql_metrics(rule["metricsQuery"])
         assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
-        assert set(re.findall(r"<<[^>]*>>", rule["metricsQuery"])) <= {"<<.LabelMatchers>>", "<<.GroupBy>>", "<<.Series>>"}
+        templates = set(re.findall(r"<<[^>]*>>", rule["metricsQuery"]))
+        assert templates <= {"<<.LabelMatchers>>", "<<.GroupBy>>", "<<.Series>>"}
         assert rule["metricsQuery"].count("(") == rule["metricsQuery"].count(")")
     provided = {rule["name"]["as"] for rule in rules}
     for hpa in k8s.find(everything, "HorizontalPodAutoscaler"):
         wanted = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
         assert wanted == provided
-        assert all(m["type"] == "Pods" and m["pods"]["target"]["type"] == "AverageValue" for m in hpa["spec"]["metrics"])
+        assert all(m["type"] == "Pods" and m["pods"]["target"]["type"] == "AverageValue"
+                   for m in hpa["spec"]["metrics"])
         assert hpa["spec"]["minReplicas"] >= 2     # one can drain while another serves
     # The queue-time rule leaves out the ensembles, whose steps their own models count.
     [queue] = [r for r in rules if "nv_inference_queue_duration_us" in r["seriesQuery"]]
