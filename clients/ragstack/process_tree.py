@@ -81,8 +81,28 @@ def module_pids(root_pid: int, module: str) -> list[int]:
 
 
 def engine_pids(server_pid: int, instance: str) -> list[int]:
-    """The engine process (`llm_engine.engine.engine_process`) of one llm model instance, e.g. `llm_0_0`."""
+    """The engine process (`llm_engine.engine.engine_process`) that one llm model instance (e.g. `llm_0_0`)
+    started: its child."""
     return [p for stub in stub_pids(server_pid, instance) for p in module_pids(stub, "llm_engine.engine.engine_process")]
+
+
+def model_engine_pids(server_pid: int, model: str) -> list[int]:
+    """The live engine processes of one llm model of the server (any version and device), wherever they are
+    in the process tree: an engine that several instances share outlives the instance that started it. Its
+    command line names them (`... engine_process --model llm/1 --device cpu --server <pid>`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        args = cmdline(int(entry.name))
+        if (_runs_module(args, "llm_engine.engine.engine_process") and _option(args, "--server") == str(server_pid)
+                and (_option(args, "--model") or "").rsplit("/", 1)[0] == model and is_alive(int(entry.name))):
+            found.append(int(entry.name))
+    return found
+
+
+def _option(args: list[str], name: str) -> str | None:
+    return next((b for a, b in zip(args, args[1:]) if a == name), None)
 
 
 def _runs_module(args: list[str], module: str) -> bool:

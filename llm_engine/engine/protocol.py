@@ -1,22 +1,30 @@
-"""What the engine process (engine_process.py) and its client (process_client.py) say to each other:
-pickled tuples over a multiprocessing.connection socket pair.
+"""What the engine process (engine_process.py) and its clients (process_client.py) say to each other:
+pickled tuples over multiprocessing.connection connections, one per client: the socket pair the
+starting client made, or a connection to the engine's Unix socket (a shared engine, engine_share.py).
 
-client -> engine    (ADD, EngineRequest)           a validated, admitted request (input_processor.py)
+client -> engine    (HELLO,)                       a client that connected to the socket asks to join
+                    (ADD, EngineRequest)           a validated, admitted request (input_processor.py)
                     (ABORT, request_id)
-                    (SHUTDOWN, timeout_s or None)  finish, abort what is left at the deadline, exit
-engine -> client    (READY, EngineStats)           warmed up; serving from now on
-                    (STEP, StepReport)             after every pass of the loop (engine_loop.py)
-                    (CLOSED,)                      shut down; the process exits next
+                    (DETACH, timeout_s or None)    this client leaves: its requests finish, those left at
+                                                   the deadline are aborted, then CLOSED
+engine -> client    (READY, EngineStats, pid)      warmed up (the starter), or joined (HELLO's answer)
+                    (REFUSED, reason)              HELLO's answer from an engine that takes no more clients
+                    (STEP, StepReport, exporter)   after every pass of the loop: this client's deltas and
+                                                   errors, the engine's stats and this client's count of
+                                                   requests taken; `exporter`: this client is the engine's
+                                                   oldest, the one that publishes its engine-wide metrics
+                    (CLOSED, clients_left)         this client's requests are over; with 0 clients left the
+                                                   engine closes and its process exits
 
 A StepReport carries the same RequestDeltas the engine produced, so a message stays small however
-long the streams grow.
+long the streams grow. Request ids are the clients' own; an id already in use fails that request.
 """
 from __future__ import annotations
 
 import pickle
 
-ADD, ABORT, SHUTDOWN = "add", "abort", "shutdown"
-READY, STEP, CLOSED = "ready", "step", "closed"
+HELLO, ADD, ABORT, DETACH = "hello", "add", "abort", "detach"
+READY, REFUSED, STEP, CLOSED = "ready", "refused", "step", "closed"
 
 
 def portable(exc: BaseException) -> BaseException:

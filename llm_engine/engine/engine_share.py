@@ -1,0 +1,79 @@
+"""Where the clients of one shared engine process meet it: a lock file, a Unix socket and a log file in
+a run directory private to this user, named by a key.
+
+A server with several instances of one model (Triton's instance_group count, each instance a stub
+that sends its own requests' responses) runs one engine process per device for them
+(process_client.py, engine_process.py). The key names the engine: the serving process, the model,
+its version and device, and everything that configures it, so a model whose settings changed never
+meets an engine built from the old ones; `max_clients` (the instances of one load on that device)
+bounds how many clients one engine takes over its life, so a later load of the model (a reload: its
+new instances start while the old ones drain) starts an engine of its own, as with one instance.
+
+Each client, under the lock: connects to the socket and asks to join; if nothing listens there or
+the engine refuses (it took its clients, or it is closing), it starts a new engine, which listens
+there once it has warmed up, and only then releases the lock. The engine's stderr goes to the log
+file (the starting client relays its lines to its own stderr while it lives; every client quotes
+the file's last lines when the engine fails).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+RUN_DIR_ENV = "LLM_ENGINE_RUN_DIR"  # default: <tmp>/llm-engine-<uid>
+
+
+def run_directory() -> Path:
+    """$LLM_ENGINE_RUN_DIR, else <tmp>/llm-engine-<uid>: created 0700, and refused if another user
+    owns it or others may write it (its socket takes requests, its log holds their outputs)."""
+    directory = Path(os.environ.get(RUN_DIR_ENV) or Path(tempfile.gettempdir()) / f"llm-engine-{os.getuid()}")
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{directory}: not a private directory of this user (owner uid {info.st_uid}, "
+                              f"mode {oct(info.st_mode & 0o777)}); set ${RUN_DIR_ENV} to one")
+    return directory
+
+
+@dataclass(frozen=True)
+class EngineShare:
+    key: str                 # 16 hex digits naming the engine's files
+    max_clients: int         # clients one engine takes over its life, its starter included
+    label: tuple[str, ...] = ()  # arguments that name the engine process in `ps` (process_tree.py reads them)
+    directory: Path = field(default_factory=run_directory)
+
+    @classmethod
+    def named(cls, identity: dict, max_clients: int, label: tuple[str, ...] = (),
+              directory: Path | None = None) -> EngineShare:
+        """The share of the engine that `identity` (JSON-able: the server, the model, its settings) names."""
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return cls(key, max(1, max_clients), tuple(label), directory or run_directory())
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / f"{self.key}.sock"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.directory / f"{self.key}.lock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.key}.log"
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """The lock the clients hold while they join or start the engine (the engine, while it closes)."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
