@@ -4,10 +4,18 @@ A Python-based backend rather than `<version>/model.py`, because index versions 
 versions: each version folder holds only built data (index.faiss, passages.jsonl, manifest.json,
 format in ragstack.index_store), and `ragstack index build` adds version N+1 without code.
 
-Inputs:  embedding FP32 [1, D] (unit length; normalised again here), top_k INT32 [1] (optional).
-Outputs: passages, passage_ids, sources BYTES [k]; scores FP32 [k] (cosine), best first;
+Inputs:  embedding FP32 [1, D] (unit length; normalised again here); optional top_k INT32 [1], query
+         BYTES [1] (the question's text, for BM25), mode BYTES [1] ("dense" or "hybrid"; default: the
+         index's, its manifest's `retrieval`).
+Outputs: passages, passage_ids, sources BYTES [k]; scores FP32 [k], best first; locations BYTES [k]
+         (JSON {"chunk", "lines", "pages"}: where in its document each passage is);
          k = min(top_k, passages in the index).
-Parameters: default_top_k, max_top_k, hnsw_ef_search (HNSW indexes only).
+Parameters: default_top_k, max_top_k, hnsw_ef_search (HNSW indexes only), fusion_depth, rrf_k.
+
+Dense: FAISS inner product over unit vectors, `scores` the cosine. Hybrid: the dense and the BM25
+(bm25s) rankings, `fusion_depth` deep each, fused by reciprocal rank, score(d) = sum over the two
+rankings of 1 / (rrf_k + rank of d); `scores` are those fused scores. Hybrid needs the query's text
+and an index built with its BM25 folder.
 """
 import json
 from pathlib import Path
@@ -26,11 +34,21 @@ class TritonPythonModel:
         self.max_top_k = int(params.get("max_top_k", "64"))
         version_dir = Path(args["model_repository"]) / args["model_version"]
         ef_search = max(int(params.get("hnsw_ef_search", index_store.HNSW_EF_SEARCH)), self.max_top_k)
+        self.fusion_depth = int(params.get("fusion_depth", "50"))
+        self.rrf_k = float(params.get("rrf_k", "60"))
         self.index, passages = _load(version_dir, args["model_version"], ef_search)
         # Kept as numpy object arrays: a response is a fancy-indexing gather, no per-row Python.
         self.texts = np.array([p.text.encode() for p in passages], dtype=object)
         self.ids = np.array([p.id.encode() for p in passages], dtype=object)
         self.sources = np.array([p.source.encode() for p in passages], dtype=object)
+        self.locations = np.array([json.dumps(p.location()).encode() for p in passages], dtype=object)
+        self.bm25 = index_store.load_bm25(version_dir)
+        manifest = index_store.read_manifest(version_dir.parent, int(args["model_version"])).manifest
+        self.default_mode = manifest.get("retrieval", "dense")
+        if self.default_mode == "hybrid" and self.bm25 is None:
+            raise pb_utils.TritonModelException(
+                f"retriever version {args['model_version']}: the manifest asks for hybrid retrieval but "
+                f"{index_store.BM25_DIR}/ is missing; rebuild it with `ragstack index build FOLDER`")
 
     def execute(self, requests):
         return [self._respond(request) for request in requests]
@@ -38,18 +56,56 @@ class TritonPythonModel:
     def _respond(self, request):
         try:
             query, top_k = self._parse(request)
+            text, mode = self._text_and_mode(request)
         except ValueError as error:
             return pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
-        scores, rows = self.index.search(query, min(top_k, self.index.ntotal))
-        keep = rows[0] >= 0  # HNSW may return -1 for slots it could not fill
-        rows, scores = rows[0][keep], scores[0][keep]
+        if mode == "hybrid":
+            rows, scores = self._hybrid(query, text, top_k)
+        else:
+            rows, scores = self._dense(query, min(top_k, self.index.ntotal))
         return pb_utils.InferenceResponse([
             pb_utils.Tensor("passages", self.texts[rows]),
             pb_utils.Tensor("passage_ids", self.ids[rows]),
             pb_utils.Tensor("sources", self.sources[rows]),
             pb_utils.Tensor("scores", scores.astype(np.float32)),
+            pb_utils.Tensor("locations", self.locations[rows]),
         ])
+
+    def _dense(self, query, k):
+        scores, rows = self.index.search(query, k)
+        keep = rows[0] >= 0  # HNSW may return -1 for slots it could not fill
+        return rows[0][keep], scores[0][keep]
+
+    def _hybrid(self, query, text, top_k):
+        depth = min(max(self.fusion_depth, top_k), self.index.ntotal)
+        fused: dict[int, float] = {}
+        dense_rows, _ = self._dense(query, depth)
+        results = self.bm25.retrieve(index_store.bm25_tokens([text]), k=depth, show_progress=False, n_threads=1)
+        bm25_rows = [int(r) for r, s in zip(results.documents[0], results.scores[0]) if s > 0]
+        for ranking in (dense_rows.tolist(), bm25_rows):
+            for rank, row in enumerate(ranking, 1):
+                fused[int(row)] = fused.get(int(row), 0.0) + 1.0 / (self.rrf_k + rank)
+        best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+        return (np.array([r for r, _ in best], dtype=np.int64),
+                np.array([s for _, s in best], dtype=np.float32))
+
+    def _text_and_mode(self, request):
+        mode, text = self.default_mode, None
+        tensor = pb_utils.get_input_tensor_by_name(request, "mode")
+        if tensor is not None:
+            mode = _one_text(tensor, "mode") or self.default_mode
+            if mode not in index_store.RETRIEVAL_MODES:
+                raise ValueError(f"mode: {mode!r} is not one of {list(index_store.RETRIEVAL_MODES)}")
+        if mode == "hybrid":
+            if self.bm25 is None:
+                raise ValueError("mode: 'hybrid' needs an index with BM25 (built by this version of `ragstack index "
+                                 "build`); this index has none")
+            tensor = pb_utils.get_input_tensor_by_name(request, "query")
+            text = _one_text(tensor, "query") if tensor is not None else ""
+            if not text.strip():
+                raise ValueError("query: hybrid retrieval needs the question's text; send `query` with the embedding")
+        return text, mode
 
     def _parse(self, request):
         tensor = pb_utils.get_input_tensor_by_name(request, "embedding")
@@ -72,6 +128,17 @@ class TritonPythonModel:
             if not 1 <= top_k <= self.max_top_k:
                 raise ValueError(f"top_k: {top_k} is out of range; it must be 1 to {self.max_top_k}")
         return np.ascontiguousarray(embedding / norm, dtype=np.float32), top_k
+
+
+def _one_text(tensor, name: str) -> str:
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise ValueError(f"{name}: {values.size} values; send one")
+    value = values[0]
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not valid UTF-8") from None
 
 
 def _load(version_dir: Path, version: str, ef_search: int):

@@ -58,6 +58,12 @@ def _query_tensors(text: str, top_k: int | None, top_n: int | None) -> dict[str,
     return tensors
 
 
+def _context_tensors(text: str, top_k: int | None, top_n: int | None, max_tokens: int | None) -> dict:
+    tensors = _query_tensors(text, top_k, top_n)
+    _optional_int(tensors, "max_tokens", max_tokens)
+    return tensors
+
+
 def _rag_tensors(text: str, top_k: int | None, top_n: int | None, answer_format: str | None,
                  max_answer_chars: int | None) -> dict:
     tensors = _query_tensors(text, top_k, top_n)
@@ -96,8 +102,18 @@ def _ranked(passages: list[str], out: dict) -> list[RankedPassage]:
 
 
 def _passages(out: dict) -> list[Passage]:
-    return [Passage(i.decode(), s.decode(), t.decode(), float(score)) for i, s, t, score in
-            zip(out["passage_ids"], out["sources"], out["passages"], out["scores"])]
+    locations = [json.loads(text_of(x) or "{}") for x in out["locations"]] if "locations" in out \
+        else [{}] * len(out["scores"])
+    return [Passage(i.decode(), s.decode(), t.decode(), float(score), where) for i, s, t, score, where in
+            zip(out["passage_ids"], out["sources"], out["passages"], out["scores"], locations)]
+
+
+def _retrieve_tensors(query: str, vectors: np.ndarray, top_k: int | None, mode: str | None) -> dict:
+    tensors = {"embedding": vectors, "query": _bytes([query])}   # the text: BM25, for hybrid retrieval
+    _optional_int(tensors, "top_k", top_k)
+    if mode is not None:
+        tensors["mode"] = _bytes([mode])
+    return tensors
 
 
 def _context(out: dict) -> RagContext:
@@ -189,15 +205,24 @@ class RagClient:
         """Passages by reranker score, best first."""
         return _ranked(passages, self._t.infer(RERANK, {"query": _bytes([query]), "passages": _bytes(passages)}))
 
-    def retrieve(self, query: str, top_k: int | None = None, version: str = "") -> list[Passage]:
-        """The retriever's top_k passages for `query`, best first; `version` picks an index version."""
-        tensors = {"embedding": self.embed([query]).vectors}
-        _optional_int(tensors, "top_k", top_k)
+    def retrieve(self, query: str, top_k: int | None = None, version: str = "",
+                 mode: str | None = None) -> list[Passage]:
+        """The retriever's top_k passages for `query`, best first; `version` picks an index version,
+        `mode` "dense" or "hybrid" (default: the index's)."""
+        tensors = _retrieve_tensors(query, self.embed([query]).vectors, top_k, mode)
         return _passages(self._t.infer(RETRIEVER, tensors, version=version))
 
-    def context(self, query: str, top_k: int | None = None, top_n: int | None = None) -> RagContext:
-        """What the llm would be given for `query` (the rag_context ensemble): messages and sources."""
-        return _context(self._t.infer(RAG_CONTEXT, _query_tensors(query, top_k, top_n)))
+    def context(self, query: str, top_k: int | None = None, top_n: int | None = None,
+                max_tokens: int | None = None) -> RagContext:
+        """What the llm would be given for `query` (the rag_context ensemble): messages and sources;
+        `max_tokens` as a rag query would ask, which sizes the context."""
+        return _context(self._t.infer(RAG_CONTEXT, _context_tensors(query, top_k, top_n, max_tokens)))
+
+    def rag_rerank(self, query: str, passages: list[Passage]) -> list[float]:
+        """The rag pipeline's rerank step (model rag_rerank) on retrieved passages: one score each."""
+        out = self._t.infer("rag_rerank", {"query": _bytes([query]), "passages": _bytes([p.text for p in passages]),
+                                           "retrieval_scores": np.array([p.score for p in passages], np.float32)})
+        return [float(x) for x in out["scores"].reshape(-1)]
 
     def query(self, text: str, top_k: int | None = None, top_n: int | None = None,
               sampling_parameters: dict | None = None, max_tokens: int | None = None,
@@ -219,6 +244,10 @@ class RagClient:
 
     def models(self) -> list[ModelInfo]:
         return self._t.models()
+
+    def model_config(self, name: str) -> dict:
+        """The loaded model's configuration, as Triton's model-config API returns it."""
+        return self._t.model_config(name)
 
     def load(self, name: str, version: int | None = None) -> None:
         """Load (or reload) a model; with `version`, serve exactly that version (a config override
@@ -260,13 +289,14 @@ class AsyncRagClient:
     async def rerank(self, query: str, passages: list[str]) -> list[RankedPassage]:
         return _ranked(passages, await self._t.infer(RERANK, {"query": _bytes([query]), "passages": _bytes(passages)}))
 
-    async def retrieve(self, query: str, top_k: int | None = None, version: str = "") -> list[Passage]:
-        tensors = {"embedding": (await self.embed([query])).vectors}
-        _optional_int(tensors, "top_k", top_k)
+    async def retrieve(self, query: str, top_k: int | None = None, version: str = "",
+                       mode: str | None = None) -> list[Passage]:
+        tensors = _retrieve_tensors(query, (await self.embed([query])).vectors, top_k, mode)
         return _passages(await self._t.infer(RETRIEVER, tensors, version=version))
 
-    async def context(self, query: str, top_k: int | None = None, top_n: int | None = None) -> RagContext:
-        return _context(await self._t.infer(RAG_CONTEXT, _query_tensors(query, top_k, top_n)))
+    async def context(self, query: str, top_k: int | None = None, top_n: int | None = None,
+                      max_tokens: int | None = None) -> RagContext:
+        return _context(await self._t.infer(RAG_CONTEXT, _context_tensors(query, top_k, top_n, max_tokens)))
 
     def query(self, text: str, top_k: int | None = None, top_n: int | None = None,
               sampling_parameters: dict | None = None, max_tokens: int | None = None,

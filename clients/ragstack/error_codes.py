@@ -26,7 +26,7 @@ _WRAPPERS = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when runnin
 _SAMPLING_FIELDS = ("temperature|top_p|top_k|min_p|repetition_penalty|presence_penalty|frequency_penalty|max_tokens|"
                     "min_tokens|logprobs|seed|stop|stop_token_ids|ignore_eos|skip_special_tokens")
 _STEP_INPUTS = ("text|query|passages|passage_ids|sources|scores|embedding|top_k|top_n|input_ids|attention_mask|"
-                "token_type_ids")
+                "token_type_ids|mode|locations")
 
 # (code, the message families that have it), each family matched at the start of the step's message.
 _FAMILIES = [
@@ -37,6 +37,7 @@ _FAMILIES = [
         r"the model is being unloaded; request aborted",              # backends/triton_llm
         r"rag_generate: \d+ requests in flight, the limit", r"rag_generate: no response from \S+ for",
         r"Exceeds maximum queue size",                                # Triton: a dynamic batcher's queue
+        r"prompt_builder: (?:no version folder of|cannot read the settings of)",  # the llm's settings unread
     ]),
     ("CANCELLED", [r"request cancelled by the client"]),             # the llm, rag_generate
     ("NOT_FOUND", [

@@ -63,7 +63,8 @@ class Passage:
     id: str
     source: str
     text: str
-    score: float                 # cosine similarity to the query
+    score: float                 # cosine similarity to the query (dense), fused rank score (hybrid)
+    location: dict = field(default_factory=dict, compare=False)   # {"chunk", "lines", "pages"} where known
 
 
 @dataclass(frozen=True)
@@ -72,17 +73,69 @@ class Source:
     source: str
     passage_id: str
     score: float                 # reranker score
+    # where the passage is in its document (indexes built with token chunking), and whether it was
+    # trimmed to fit the llm's context; not compared, so sources of older servers compare equal
+    chunk: int | None = field(default=None, compare=False)
+    lines: tuple[int, int] | None = field(default=None, compare=False)
+    pages: tuple[int, int] | None = field(default=None, compare=False)
+    trimmed: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True)
+class DocumentSource:
+    """One document among the sources: its passages' citation numbers, where they are, the best score."""
+    source: str
+    score: float                 # the best of its passages' scores
+    citations: list[int]         # the [n] of its passages, in citation order
+    chunks: list[int]
+    lines: list[tuple[int, int]]  # each passage's span, in the document's order
+    pages: list[tuple[int, int]]
+
+    def spans(self) -> str:
+        """"pages 2-3, 7" or "lines 1-40, 80-120", merged where they touch; "" when unknown."""
+        spans, word = (self.pages, "pages") if self.pages else (self.lines, "lines")
+        merged: list[list[int]] = []
+        for first, last in sorted(spans):
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        return f"{word} " + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in merged) if merged else ""
+
+
+def _span(value) -> tuple[int, int] | None:
+    return (int(value[0]), int(value[1])) if isinstance(value, list) and len(value) == 2 else None
 
 
 def parse_sources(raw: str | bytes) -> list[Source]:
     items = json.loads(raw)
-    return [Source(int(s["n"]), s["source"], s["passage_id"], float(s["score"])) for s in items]
+    return [Source(int(s["n"]), s["source"], s["passage_id"], float(s["score"]),
+                   int(s["chunk"]) if s.get("chunk") is not None else None, _span(s.get("lines")),
+                   _span(s.get("pages")), bool(s.get("trimmed", False))) for s in items]
+
+
+def documents_of(sources: list[Source]) -> list[DocumentSource]:
+    """The sources grouped by document, best document first (the order of its best passage)."""
+    groups: dict[str, list[Source]] = {}
+    for s in sources:
+        groups.setdefault(s.source, []).append(s)
+    documents = []
+    for name, group in groups.items():
+        in_order = sorted(group, key=lambda s: (s.chunk if s.chunk is not None else s.n))
+        documents.append(DocumentSource(name, max(s.score for s in group), [s.n for s in group],
+                                        [s.chunk for s in in_order if s.chunk is not None],
+                                        [s.lines for s in in_order if s.lines], [s.pages for s in in_order if s.pages]))
+    return documents
 
 
 @dataclass(frozen=True)
 class RagContext:
     messages: list[dict]         # the chat messages the llm would get
     sources: list[Source]
+
+    @property
+    def documents(self) -> list[DocumentSource]:
+        return documents_of(self.sources)
 
 
 @dataclass
@@ -93,3 +146,8 @@ class Answer:
     sources: list[Source] = field(default_factory=list)
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+
+    @property
+    def documents(self) -> list[DocumentSource]:
+        """The sources per document: file, citation numbers, chunk spans, best score."""
+        return documents_of(self.sources)

@@ -123,18 +123,30 @@ def _prompt_builder(triton_server, passages, scores, **extra):
     return json.loads(result.as_numpy("messages")[0]), json.loads(result.as_numpy("sources")[0])
 
 
-def test_prompt_builder_sorts_by_score_and_keeps_to_the_budget(triton_server):
+def test_prompt_builder_sorts_by_score_and_keeps_to_the_llms_budget(triton_server):
+    """The budget is the llm's max_model_len (2048) minus max_tokens, in the llm's tokens: filled strictly in
+    score order, the first passage that does not fit trimmed (and the last), never one skipped for a later one."""
     messages, sources = _prompt_builder(triton_server, ["low", "high", "mid"], [0.1, 0.9, 0.5])
     assert [s["source"] for s in sources] == ["doc1.md", "doc2.md", "doc0.md"]
     user = messages[1]["content"]
     assert user.index("[1] (source: doc1.md)\nhigh") < user.index("[2] (source: doc2.md)\nmid")
 
-    big = "x" * 3000                                    # max_context_chars is 4000
-    _, sources = _prompt_builder(triton_server, [big, big, "small"], [0.9, 0.8, 0.7])
-    assert [s["source"] for s in sources] == ["doc0.md", "doc2.md"]   # the 2nd does not fit, the 3rd does
-    messages, sources = _prompt_builder(triton_server, ["y" * 9000], [0.5])
-    assert len(sources) == 1 and "y" * 4000 in messages[1]["content"] and "y" * 4001 not in messages[1]["content"]
+    big = "the cat sat. " * 110                         # 660 tokens of the tiny Qwen2 tokenizer
+    _, sources = _prompt_builder(triton_server, [big, big, big, "small"], [0.9, 0.8, 0.7, 0.6],
+                                 top_n=np.array([4], dtype=np.int32))
+    assert [s["source"] for s in sources] == ["doc0.md", "doc1.md", "doc2.md"]   # the 3rd trimmed, "small" never
+    assert sources[2]["trimmed"] is True and "trimmed" not in sources[0]
+    messages, sources = _prompt_builder(triton_server, [big, big, "small"], [0.9, 0.8, 0.7],
+                                        max_tokens=np.array([1000], dtype=np.int32))
+    assert [s["source"] for s in sources] == ["doc0.md", "doc1.md"] and sources[1]["trimmed"]
+    with RagClient(triton_server.grpc_url) as client:
+        prompt = client.generate(messages=messages, max_tokens=1000, sampling_parameters={"temperature": 0},
+                                 stream=False).collect()
+    assert prompt.finish_reason in ("length", "stop")   # the llm takes it: prompt + 1000 <= 2048
 
+    with pytest.raises(Exception, match=r"query: with the chat template the question takes \d+ tokens; the llm's "
+                                        r"max_model_len=2048 minus max_tokens=2040 leaves 8 for the prompt"):
+        _prompt_builder(triton_server, ["a"], [0.5], max_tokens=np.array([2040], dtype=np.int32))
     with pytest.raises(Exception, match="passages 2, sources 2, passage_ids 2, scores 1"):
         _prompt_builder(triton_server, ["a", "b"], [0.5])
 

@@ -1,0 +1,173 @@
+"""The rag prompt, sized in the llm's own tokens: the prompt builder's budget (model_repository/prompt_builder).
+
+The llm refuses a prompt that leaves no room for the answer: prompt + max_tokens must be at most its
+max_model_len. So the prompt may take
+
+    budget = max_model_len - max_tokens
+
+tokens of the llm's tokenizer, counted on the prompt exactly as the llm renders it (its chat template
+around the system prompt and the user message). What the question and the template take is counted
+first; a question that leaves fewer than `min_context_tokens` for passages is refused (PromptTooLong,
+INVALID_ARG with the numbers). Passages then go in strictly in the reranker's order: each one that fits
+whole is added; the first that does not is trimmed to the room left if at least `min_passage_tokens`
+remain (the first passage always is), and filling stops there, so a lower-ranked passage never takes
+the place of a better one. The whole prompt is counted again at the end and the last passage trimmed
+further if the tokenizer merged across a boundary.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+DEFAULT_MAX_TOKENS = 16          # the llm's default max_tokens (llm_engine.SamplingParams)
+NO_PASSAGES = "(no passages were found)"
+ANSWER_INSTRUCTION = "Answer from the context above and cite the passages you use as [n]."
+
+
+class PromptTooLong(ValueError):
+    """The question (with the chat template) leaves too little of the llm's context for passages."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    text: str
+    label: str                       # what follows [n] in the prompt: "(source: faiss.html, lines 3-20)"
+
+
+@dataclass(frozen=True)
+class Placed:
+    index: int                       # position among the candidates given
+    text: str                        # as placed: the whole passage, or its trimmed head
+    trimmed: bool
+    tokens: int                      # the block's tokens, header included (an estimate: see the docstring)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: list[dict]
+    placed: list[Placed]
+    prompt_tokens: int               # the rendered prompt, exactly as the llm counts it
+    budget: int                      # max_model_len - max_tokens
+
+
+def user_message(query: str, context: str, instruction: str = ANSWER_INSTRUCTION) -> str:
+    return f"Context:\n{context}\n\nQuestion: {query}\n\n{instruction}"
+
+
+def block(n: int, candidate: Candidate, text: str) -> str:
+    return f"[{n}] {candidate.label}\n{text}"
+
+
+def effective_max_tokens(max_tokens_tensor: int | None, sampling_parameters: str | None,
+                         request_parameters: str | None, reserve_when_unbounded: int) -> int:
+    """The max_tokens the llm will apply, as backends/triton_llm/llm_request.py resolves it: the tensor,
+    else `sampling_parameters`' (or, without that input, the request parameters') max_tokens, else 16.
+    An explicit null (answer up to max_model_len) reserves `reserve_when_unbounded`. A value the llm
+    will refuse anyway counts as the default: the llm's own error names it."""
+    if max_tokens_tensor is not None:
+        return max(1, int(max_tokens_tensor))
+    raw = sampling_parameters if sampling_parameters is not None else request_parameters
+    try:
+        values = json.loads(raw) if raw else {}
+    except ValueError:
+        return DEFAULT_MAX_TOKENS
+    if not isinstance(values, dict) or "max_tokens" not in values:
+        return DEFAULT_MAX_TOKENS
+    value = values["max_tokens"]
+    if value is None:
+        return reserve_when_unbounded
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return DEFAULT_MAX_TOKENS
+    return int(number) if number >= 1 and number == int(number) else DEFAULT_MAX_TOKENS
+
+
+class PromptBudget:
+    """Builds the rag prompt for one llm: its tokenizer (llm_engine's, the llm's own chat template) and
+    max_model_len."""
+
+    def __init__(self, tokenizer, max_model_len: int, *, min_context_tokens: int = 64,
+                 min_passage_tokens: int = 32):
+        self.tokenizer = tokenizer                  # llm_engine.model.tokenizer.Tokenizer
+        self.max_model_len = max_model_len
+        self.min_context_tokens = min_context_tokens
+        self.min_passage_tokens = min_passage_tokens
+        self._backend = tokenizer.hf_tokenizer.backend_tokenizer
+
+    def count(self, messages: list[dict]) -> int:
+        return len(self.tokenizer.apply_chat_template(messages))
+
+    def _tokens(self, text: str) -> int:
+        return len(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def _head(self, text: str, tokens: int) -> str:
+        """The longest head of `text` of at most `tokens` tokens, ended at a word where one is near."""
+        if tokens <= 0:
+            return ""
+        offsets = self._backend.encode(text, add_special_tokens=False).offsets
+        if len(offsets) <= tokens:
+            return text
+        end = offsets[tokens - 1][1]
+        space = max(text.rfind(" ", 0, end + 1), text.rfind("\n", 0, end + 1))
+        if space > end * 0.8:
+            end = space
+        return text[:end].rstrip()
+
+    def build(self, system_prompt: str, query: str, candidates: list[Candidate], max_tokens: int,
+              instruction_suffix: str = "") -> Prompt:
+        """The messages with as many of `candidates` (best first) as fit; PromptTooLong when the
+        question alone leaves too little room. `instruction_suffix`: text a later step appends to the
+        user message (rag_generate's JSON answer instruction), counted here too."""
+        budget = self.max_model_len - max_tokens
+        instruction = ANSWER_INSTRUCTION + instruction_suffix
+
+        def messages(context: str) -> list[dict]:
+            return [{"role": "system", "content": system_prompt},
+                    {"role": "user", "content": user_message(query, context, instruction)}]
+
+        base = self.count(messages(""))
+        room = budget - base
+        needed = self.min_context_tokens if candidates else self._tokens(NO_PASSAGES)
+        if room < needed:
+            raise PromptTooLong(
+                f"query: with the chat template the question takes {base} tokens; the llm's max_model_len="
+                f"{self.max_model_len} minus max_tokens={max_tokens} leaves {budget} for the prompt, and passages "
+                f"need {needed} more (min_context_tokens); shorten the question or lower max_tokens")
+        placed: list[Placed] = []
+        used = 0
+        for i, candidate in enumerate(candidates):
+            n = len(placed) + 1
+            sep = "\n\n" if placed else ""
+            cost = self._tokens(sep + block(n, candidate, candidate.text))
+            if used + cost <= room:
+                placed.append(Placed(i, candidate.text, False, cost))
+                used += cost
+                continue
+            header = self._tokens(sep + block(n, candidate, ""))
+            left = room - used - header
+            if left >= self.min_passage_tokens or not placed:
+                head = self._head(candidate.text, left)
+                if head:
+                    placed.append(Placed(i, head, True, header + self._tokens(head)))
+            break
+        blocks = [block(n, candidates[p.index], p.text) for n, p in enumerate(placed, 1)]
+        chat = messages("\n\n".join(blocks) if blocks else NO_PASSAGES)
+        total = self.count(chat)
+        for _ in range(4):   # tokens merged across a boundary: trim the last passage by the excess
+            if total <= budget or not placed:
+                break
+            last = placed[-1]
+            excess = total - budget
+            head = self._head(last.text, self._tokens(last.text) - excess - 2)
+            if len(placed) > 1 and self._tokens(head) < self.min_passage_tokens:
+                placed.pop()
+            else:
+                placed[-1] = Placed(last.index, head, True, last.tokens - excess - 2)
+            blocks = [block(n, candidates[p.index], p.text) for n, p in enumerate(placed, 1)]
+            chat = messages("\n\n".join(blocks) if blocks else NO_PASSAGES)
+            total = self.count(chat)
+        if total > budget:
+            raise PromptTooLong(f"query: the prompt takes {total} tokens; max_model_len={self.max_model_len} minus "
+                                f"max_tokens={max_tokens} leaves {budget}; shorten the question or lower max_tokens")
+        return Prompt(chat, placed, total, budget)
