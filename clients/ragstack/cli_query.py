@@ -24,9 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _print_sources(sources) -> None:
+    """One line per document: the citation numbers of its passages, where they are, its best score."""
+    from ragstack.results import documents_of  # noqa: PLC0415
+
     print("\nSources:")
-    for s in sources:
-        print(f"  [{s.n}] {s.source}  (passage {s.passage_id}, score {s.score:.3f})")
+    for doc in documents_of(sources):
+        where = f"  {doc.spans()}" if doc.spans() else ""
+        print(f"  [{', '.join(str(n) for n in doc.citations)}] {doc.source}{where}  (score {doc.score:.3f})")
 
 
 def run(args: argparse.Namespace) -> int:

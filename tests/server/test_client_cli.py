@@ -94,8 +94,10 @@ def test_query_context(capsys, connection):
     code, out, err = run(capsys, "query", "--context", "How is the KV cache divided into blocks?",
                          "--top-n", "2", *connection)
     assert code == 0, err
-    assert "--- system" in out and "--- user" in out and "Sources:\n  [1] paged_attention.md" in out
-    assert "  [2] " in out and "  [3] " not in out
+    assert "--- system" in out and "--- user" in out
+    sources = out.split("\nSources:\n")[1]                              # a line per document
+    assert sources.startswith("  [1") and "] paged_attention.md  lines " in sources.splitlines()[0]
+    assert "2" in sources and "3]" not in sources and ", 3" not in sources
 
 
 def test_query_streams_an_answer_then_sources(capsys, connection):
@@ -103,7 +105,7 @@ def test_query_streams_an_answer_then_sources(capsys, connection):
                          "--sampling", '{"temperature": 0}', *connection)
     assert code == 0, err
     answer, sources = out.split("\nSources:\n")
-    assert answer.strip() and "  [1] " in sources
+    assert answer.strip() and sources.startswith("  [1")
     code, _, err = run(capsys, "query", "x", "--sampling", "{not json", *connection)
     assert code == 2 and "--sampling is not JSON" in err
 
