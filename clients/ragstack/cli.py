@@ -53,6 +53,7 @@ def make_parser() -> argparse.ArgumentParser:
         ("index", "cli_index", "build or list retriever index versions"),
         ("bench", "cli_bench", "benchmark rag queries against a running server, with a per-step breakdown"),
         ("eval", "cli_eval", "retrieval quality (MRR, recall, nDCG) of retrieval, rerank and context"),
+        ("eval", "cli_eval", "retrieval quality (MRR, recall, nDCG) of retrieval, rerank and context"),
     ]:
         command = importlib.import_module(f"ragstack.{module}")
         p = sub.add_parser(name, help=help_text, description=command.__doc__)

@@ -37,18 +37,37 @@ MESSAGES = st.one_of(
                                     "content": st.one_of(JSON, st.lists(st.fixed_dictionaries(
                                         {"type": st.sampled_from(["text", "image_url", "x"]),
                                          "text": JSON}), max_size=2))}), min_size=1, max_size=3),
-    st.lists(st.fixed_dictionaries({"role": st.just("assistant"), "content": st.text(max_size=5),
-                                    "tool_calls": st.lists(JSON, min_size=1, max_size=2)}), min_size=1, max_size=1))
+    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["assistant", "tool"]), "content": st.text(max_size=5),
+                                    "tool_calls": st.lists(st.one_of(JSON, st.fixed_dictionaries(
+                                        {"id": JSON, "type": st.just("function"), "function": st.fixed_dictionaries(
+                                            {"name": st.one_of(JSON, st.just("f")),
+                                             "arguments": st.one_of(JSON, st.just("{}"), st.just("{x"))})})),
+                                        min_size=1, max_size=2)},
+                                   optional={"tool_call_id": JSON}), min_size=1, max_size=1))
 TEXTS = st.one_of(JSON, st.lists(st.one_of(JSON, st.just(""), st.just(" ")), min_size=0, max_size=4),
                   st.lists(st.integers(0, 100), min_size=1, max_size=3),   # token ids
                   st.integers(16385, 20000).map(lambda n: "x" * n))          # past the tokenizers' max_text_bytes
+# response_format and tools nearly right: one part of the shape wrong (or random).
+RESPONSE_FORMATS = st.one_of(JSON.filter(lambda v: v is not None), st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])},
+    optional={"json_schema": st.one_of(JSON, st.fixed_dictionaries(
+        {"name": st.one_of(JSON, st.just("x")), "schema": st.one_of(JSON, st.just({"type": "nonsense"}))},
+        optional={"strict": JSON}))}))
+TOOLS = st.one_of(JSON.filter(lambda v: v is not None), st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "x"]), "function": st.one_of(JSON, st.fixed_dictionaries(
+        {"name": st.one_of(JSON, st.sampled_from(["f", "g h", ""]))},
+        optional={"parameters": st.one_of(JSON, st.just({"type": "nonsense"})), "strict": JSON}))}),
+    max_size=2))
+TOOL_CHOICES = st.one_of(JSON, st.sampled_from(["none", "auto", "required", "sometimes"]),
+                         st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+                             {"name": st.one_of(JSON, st.just("f"))})}))
 SHARED = {"model": MODELS, "stream": JSON, "stream_options": JSON, "n": st.one_of(JSON, st.integers(-5, 100)),
-          "user": JSON, "response_format": JSON.filter(lambda v: v is not None),
-          "tools": JSON.filter(lambda v: v is not None), **BAD_VALUES}
+          "user": JSON, "response_format": RESPONSE_FORMATS, **BAD_VALUES}
 FIELDS = {
     "/v1/chat/completions": {**SHARED, "messages": MESSAGES, "max_completion_tokens": BAD_VALUES["max_tokens"],
-                             "logprobs": JSON, "top_logprobs": st.one_of(JSON, st.integers(-5, 50))},
-    "/v1/completions": {**SHARED, "prompt": TEXTS, "echo": JSON, "suffix": JSON, "best_of": st.integers(-3, 5),
+                             "logprobs": JSON, "top_logprobs": st.one_of(JSON, st.integers(-5, 50)),
+                             "tools": TOOLS, "tool_choice": TOOL_CHOICES, "parallel_tool_calls": JSON},
+    "/v1/completions": {**SHARED, "tools": TOOLS, "prompt": TEXTS, "echo": JSON, "suffix": JSON, "best_of": st.integers(-3, 5),
                         "logprobs": st.one_of(JSON, st.integers(-5, 50))},
     "/v1/embeddings": {"model": MODELS, "input": TEXTS, "encoding_format": JSON, "dimensions": JSON, "user": JSON},
     "/v1/rerank": {"model": MODELS, "query": st.one_of(JSON, st.just(""), st.integers(16385, 20000).map("q".__mul__)),
