@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llm_engine.model_config import ModelConfig
+from llm_engine.quantization import Fp8Quantization, resolve
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
@@ -16,6 +17,11 @@ class EngineConfig:
     model: str                              # local HF model folder
     dtype: str = "auto"                     # auto: the checkpoint's (float32 checkpoints run in bfloat16 on CUDA)
     kv_cache_dtype: str = "auto"            # auto: the model dtype; fp8_e4m3: e4m3 values + per-(token, head) scales
+    # Weights: None (as the checkpoint says: a compressed-tensors FP8 checkpoint runs in FP8, others in
+    # `dtype`); "fp8": the decoder's projections in FP8 e4m3 with per-output-channel scales (an unquantized
+    # checkpoint is quantized as it loads), activations quantized per token; "compressed-tensors": the
+    # checkpoint must be one. LM head and embeddings stay in `dtype`. llm_engine/quantization.py.
+    quantization: str | None = None
     block_size: int = 16                    # tokens per KV block
     max_model_len: int | None = None        # prompt + output tokens per sequence; None: the model's limit
     max_num_seqs: int | None = None         # sequences per step (and the largest CUDA-graph batch); None: below
@@ -39,12 +45,15 @@ class EngineConfig:
     # A structured-output constraint whose compile takes longer fails its request (never the batch).
     structured_output_compile_timeout_s: float = 10.0
     model_config: ModelConfig = field(init=False, repr=False)
+    weight_quantization: Fp8Quantization | None = field(init=False, repr=False)  # resolved from `quantization`
 
     def __post_init__(self) -> None:
         self.model_config = ModelConfig.from_pretrained(self.model)
         _expect_device(self.device)
         _expect_choice("dtype", self.dtype, ("auto", *_DTYPES))
         _expect_choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
+        self.weight_quantization = resolve(self.quantization, self.model_config.quantization_config,
+                                           str(self.model_config.path / "config.json"))
         if self.block_size < 1 or self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}")
         self.max_model_len = self._resolve_max_model_len()

@@ -7,7 +7,7 @@ view whichever transformers version wrote the file (v4 `rope_scaling`/`torch_dty
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class ModelConfig:
     sliding_window: int | None          # None when every layer attends to the full context
     dtype: torch.dtype                  # the checkpoint's dtype
     eos_token_ids: tuple[int, ...]      # generation_config.json, else config.json
+    # config.json's quantization_config (a quantized checkpoint: llm_engine/quantization.py), else None
+    quantization_config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def q_size(self) -> int:
@@ -112,6 +114,7 @@ class ModelConfig:
             sliding_window=_sliding_window(raw, arch),
             dtype=_checkpoint_dtype(raw, path),
             eos_token_ids=read_eos_token_ids(path),
+            quantization_config=raw.get("quantization_config"),
         )
 
 

@@ -1,4 +1,5 @@
-"""Write the tiny random HF checkpoints (tiny-llama, tiny-mistral, tiny-qwen2) of ragstack.tiny_checkpoints.
+"""Write the tiny random HF checkpoints of ragstack.tiny_checkpoints (tiny-llama, tiny-mistral, tiny-qwen2, and
+tiny-llama-fp8, an FP8 copy of tiny-llama).
 
 `ragstack build` runs this in-process; by hand:
 
@@ -10,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ragstack.tiny_checkpoints import CHECKPOINTS, build
+from ragstack.tiny_checkpoints import ALL_CHECKPOINTS, build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=ROOT / "checkpoints")
-    parser.add_argument("--only", default=",".join(CHECKPOINTS),
-                        help=f"comma-separated subset of {', '.join(CHECKPOINTS)}")
+    parser.add_argument("--only", default=",".join(ALL_CHECKPOINTS),
+                        help=f"comma-separated subset of {', '.join(ALL_CHECKPOINTS)}")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHECKPOINTS]
+    unknown = [n for n in names if n not in ALL_CHECKPOINTS]
     if unknown:
-        parser.error(f"unknown checkpoint(s) {unknown}; choose from {', '.join(CHECKPOINTS)}")
+        parser.error(f"unknown checkpoint(s) {unknown}; choose from {', '.join(ALL_CHECKPOINTS)}")
     build(args.out_dir, names, args.force)
     return 0
 

@@ -15,6 +15,8 @@ _SAME = {name: name for name in (
 _DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
            "float32": "float32"}
 _KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
+# FP8 weights (llm_engine/quantization.py): quantized at load, or a compressed-tensors FP8 checkpoint.
+_QUANTIZATIONS = ("fp8", "compressed-tensors")
 # Without effect here, results unchanged.
 _IGNORED = {"disable_log_stats", "disable_log_requests", "enable_log_requests", "served_model_name", "download_dir",
             "load_format", "swap_space", "worker_use_ray", "distributed_executor_backend",
@@ -46,6 +48,8 @@ def translate(args: dict[str, Any], source: str) -> tuple[dict[str, Any], list[s
             continue
         elif key in ("enable_lora", "quantization") and value in (None, False, "false", "False"):
             continue
+        elif key == "quantization" and value in _QUANTIZATIONS:
+            settings["quantization"] = value
         elif key in _IGNORED:
             ignored.append(key)
         else:

@@ -37,10 +37,10 @@ STEPS.append(Step(
 ))
 STEPS.append(Step(
     name="tiny-checkpoints",  # tiny random Llama / Mistral / Qwen2 HF folders for the engine tests
-    run=partial(tiny_checkpoints.build, ROOT / "checkpoints", list(tiny_checkpoints.CHECKPOINTS)),
-    inputs=["clients/ragstack/tiny_checkpoints.py"],
+    run=partial(tiny_checkpoints.build, ROOT / "checkpoints", list(tiny_checkpoints.ALL_CHECKPOINTS)),
+    inputs=["clients/ragstack/tiny_checkpoints.py", "llm_engine/model/fp8_checkpoint.py"],
     outputs=["checkpoints/tiny-llama/config.json", "checkpoints/tiny-mistral/config.json",
-             "checkpoints/tiny-qwen2/config.json"],
+             "checkpoints/tiny-qwen2/config.json", "checkpoints/tiny-llama-fp8/config.json"],
 ))
 
 STEPS.append(Step(

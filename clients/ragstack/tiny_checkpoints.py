@@ -8,6 +8,8 @@ text below, with a ChatML chat template. Each covers a different loader path:
   tiny-llama    Llama 3.1 rope_scaling (llama3), config.json in the hub's rope_theta/rope_scaling layout
   tiny-mistral  sharded weights with model.safetensors.index.json
   tiny-qwen2    q/k/v biases and tied embeddings
+  tiny-llama-fp8  tiny-llama as a compressed-tensors FP8 checkpoint (e4m3 projections, per-channel
+                  scales), written by the engine's own quantizer (llm_engine/model/fp8_checkpoint.py)
 
 Nothing is downloaded. Up-to-date folders (newer than this module) are skipped unless forced.
 `ragstack build` writes them to checkpoints/ and model_repository/llm/1/; by hand:
@@ -73,6 +75,10 @@ CHECKPOINTS = {
     "tiny-qwen2": dict(architecture="Qwen2ForCausalLM", seed=3,
                        config=dict(rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False)),
 }
+
+# Derived checkpoints: an FP8 (compressed-tensors) copy of a base checkpoint above.
+FP8_CHECKPOINTS = {"tiny-llama-fp8": "tiny-llama"}
+ALL_CHECKPOINTS = [*CHECKPOINTS, *FP8_CHECKPOINTS]
 
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
@@ -162,11 +168,35 @@ def to_hub_rope_layout(config_path: Path) -> None:
 def is_up_to_date(folder: Path) -> bool:
     if not all((folder / f).is_file() for f in FILES) or not list(folder.glob("*.safetensors")):
         return False
-    return (folder / "config.json").stat().st_mtime >= Path(__file__).stat().st_mtime
+    written = (folder / "config.json").stat().st_mtime
+    base = FP8_CHECKPOINTS.get(folder.name)
+    if base is not None:  # also newer than its base and than the writer
+        from llm_engine.model import fp8_checkpoint
+        if not is_up_to_date(folder.parent / base) or written < max(
+                (folder.parent / base / "config.json").stat().st_mtime, Path(fp8_checkpoint.__file__).stat().st_mtime):
+            return False
+    return written >= Path(__file__).stat().st_mtime
 
 
 def build(out_dir: Path, names: list[str], force: bool = False) -> list[Path]:
-    """Write the named checkpoints under out_dir; returns their folders."""
+    """Write the named checkpoints under out_dir (an FP8 one's base too); returns their folders."""
+    derived = [n for n in names if n in FP8_CHECKPOINTS and (force or not is_up_to_date(out_dir / n))]
+    bases = [n for n in names if n not in FP8_CHECKPOINTS]
+    _build(out_dir, bases + [FP8_CHECKPOINTS[n] for n in derived if FP8_CHECKPOINTS[n] not in bases], force)
+    for name in sorted(set(names) & set(FP8_CHECKPOINTS) - set(derived)):
+        print(f"[tiny-checkpoints] {out_dir / name}: up to date")
+    for name in derived:
+        from llm_engine.model.fp8_checkpoint import write_fp8_checkpoint
+        tmp = out_dir / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_fp8_checkpoint(out_dir / FP8_CHECKPOINTS[name], tmp)
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+        tmp.rename(out_dir / name)
+        print(f"[tiny-checkpoints] wrote {out_dir / name} (FP8 of {FP8_CHECKPOINTS[name]})")
+    return [out_dir / n for n in names]
+
+
+def _build(out_dir: Path, names: list[str], force: bool) -> list[Path]:
     pending = [n for n in names if force or not is_up_to_date(out_dir / n)]
     for name in sorted(set(names) - set(pending)):
         print(f"[tiny-checkpoints] {out_dir / name}: up to date")

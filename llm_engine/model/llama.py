@@ -1,7 +1,9 @@
 """The Llama decoder family: Llama 2/3/3.1, Mistral and Qwen2 differ only in config flags.
 
 Parameter names mirror HF's, except the fused `qkv_proj` (q|k|v) and `mlp.gate_up_proj` (gate|up);
-`packed_modules_mapping` tells the loader which checkpoint tensors fill them. Under tensor
+`packed_modules_mapping` tells the loader which checkpoint tensors fill them. With an FP8 plan
+(`quant`, llm_engine/quantization.py) the decoder's projections hold e4m3 weights and their scales;
+the embedding and the LM head keep the model dtype. Under tensor
 parallelism the model is built from `ModelConfig.per_rank` (this rank's heads and MLP width) and
 `tp`: attention and MLP split Megatron-style, the vocabulary split by the embedding and LM head.
 """
@@ -25,18 +27,25 @@ from llm_engine.worker.distributed import SINGLE, TensorParallelGroup
 
 if TYPE_CHECKING:
     from llm_engine.model_config import ModelConfig
+    from llm_engine.quantization import Fp8Quantization
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding, tp: TensorParallelGroup) -> None:
+    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding, tp: TensorParallelGroup,
+                 quant: Fp8Quantization | None = None, prefix: str = "self_attn") -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
+
+        def plan(*modules: str):
+            return quant.for_module([f"{prefix}.{m}" for m in modules]) if quant else None
+
         self.qkv_proj = ColumnParallelLinear(config.hidden_size,
                                              {"q": self.q_size, "k": self.kv_size, "v": self.kv_size},
-                                             bias=config.qkv_bias, tp=tp)
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.o_proj_bias, tp=tp)
+                                             bias=config.qkv_bias, tp=tp, quant=plan("q_proj", "k_proj", "v_proj"))
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.o_proj_bias, tp=tp,
+                                        quant=plan("o_proj"))
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, rotary_emb)
 
     def project(self, positions: torch.Tensor, hidden: torch.Tensor, slot_mapping: torch.Tensor,
@@ -47,7 +56,7 @@ class LlamaAttention(nn.Module):
             qkv = self.qkv_proj(hidden)
         else:
             qkv = ops.skinny_linear(hidden, self.qkv_proj.weight, self.qkv_proj.bias, norm_weight=norm.weight,
-                                    eps=norm.eps)
+                                    eps=norm.eps, weight_scale=self.qkv_proj.weight_scale)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Views, not copies: the kernels take row strides.
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -57,12 +66,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding, tp: TensorParallelGroup) -> None:
+    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding, tp: TensorParallelGroup,
+                 quant: Fp8Quantization | None = None, prefix: str = "model.layers.0") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, rotary_emb, tp)
+        self.self_attn = LlamaAttention(config, rotary_emb, tp, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, tp)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, tp, quant, f"{prefix}.mlp")
 
     def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The layer's attention output [T, Hq * D] -> its output [T, H]; residual updated in place
@@ -74,18 +84,21 @@ class LlamaDecoderLayer(nn.Module):
         """after_attention for a step of few rows on one rank, in three fused projections: o into the
         residual, norm + gate_up, gate + down into the residual (in place)."""
         o_proj, mlp, norm = self.self_attn.o_proj, self.mlp, self.post_attention_layernorm
-        ops.skinny_linear(attn_out, o_proj.weight, o_proj.bias, residual=residual)
-        gate_up = ops.skinny_linear(residual, mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps)
-        ops.skinny_linear(gate_up, mlp.down_proj.weight, gated=True, residual=residual)
+        ops.skinny_linear(attn_out, o_proj.weight, o_proj.bias, residual=residual, weight_scale=o_proj.weight_scale)
+        gate_up = ops.skinny_linear(residual, mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps,
+                                    weight_scale=mlp.gate_up_proj.weight_scale)
+        ops.skinny_linear(gate_up, mlp.down_proj.weight, gated=True, residual=residual,
+                          weight_scale=mlp.down_proj.weight_scale)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_position: int, tp: TensorParallelGroup) -> None:
+    def __init__(self, config: ModelConfig, max_position: int, tp: TensorParallelGroup,
+                 quant: Fp8Quantization | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, tp)
         rotary_emb = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb, tp)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb, tp, quant, f"model.layers.{i}")
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tp = tp
 
@@ -124,8 +137,9 @@ class LlamaModel(nn.Module):
     def fuses(self, residual: torch.Tensor) -> bool:
         """Whether a step of these rows runs its projections with the norms, the SwiGLU gate and the
         residual adds fused in (kernels/skinny_linear.py): few rows, one rank (a row-parallel
-        projection's all-reduce comes before its residual add)."""
-        return self.tp.size == 1 and kernels.fits_skinny_linear(residual)
+        projection's all-reduce comes before its residual add); FP8 weights have their own max_rows."""
+        weight_dtype = self.layers[0].self_attn.qkv_proj.weight.dtype
+        return self.tp.size == 1 and kernels.fits_skinny_linear(residual, weight_dtype)
 
     def attend(self, i: int, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """Layer i's attention: its rotated q -> [T, Hq * D] (into `out`)."""
@@ -144,11 +158,12 @@ class LlamaForCausalLM(nn.Module):
         "gate_up_proj": [("gate_proj", 0), ("up_proj", 1)],
     }
 
-    def __init__(self, config: ModelConfig, max_position: int, tp: TensorParallelGroup = SINGLE) -> None:
+    def __init__(self, config: ModelConfig, max_position: int, tp: TensorParallelGroup = SINGLE,
+                 quant: Fp8Quantization | None = None) -> None:
         super().__init__()
         self.config = config
         self.tp = tp
-        self.model = LlamaModel(config, max_position, tp)
+        self.model = LlamaModel(config, max_position, tp, quant)
         if config.tie_word_embeddings:
             # The LM head reads the embedding matrix; a checkpoint may still carry a copy of it.
             self.lm_head = None

@@ -22,6 +22,7 @@ import torch
 from llm_engine.config import EngineConfig
 from llm_engine.core.scheduled_batch import ScheduledBatch
 from llm_engine.core.sequence import Sequence
+from llm_engine.kernels.fp8_gemm import warm_up_fp8_linear
 from llm_engine.kernels.prefill_attention import MIN_BATCH_BUCKET
 from llm_engine.model.layers.attention import AttentionMetadata
 from llm_engine.model.loader import load_model
@@ -173,7 +174,8 @@ class ModelRunner:
 
         Step shapes only change integer arguments and grids, which the kernels do not specialise
         on; what remains are the prefill kernel's batch buckets and the decode kernel's single-
-        and multi-split paths. The largest prefill and the widest decode also profile peak memory.
+        and multi-split paths, and the FP8 GEMM's row buckets. The largest prefill and the widest decode
+        also profile peak memory.
         """
         cfg = self.config
         max_len, budget = cfg.max_model_len, cfg.max_num_batched_tokens
@@ -193,6 +195,10 @@ class ModelRunner:
         while batch < max_batch:
             batch = min(2 * batch, max_batch)
             self._dummy_run([(short, short)] * batch)
+        # FP8 projections: each row bucket of the GEMM's launch config may have its own tiles.
+        fp8 = [(m.weight, m.input_scale) for m in self.model.modules() if getattr(m, "weight_scale", None) is not None]
+        if fp8:
+            warm_up_fp8_linear(fp8, cfg.torch_dtype, budget)
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from ragstack.tiny_checkpoints import CHECKPOINTS, build, is_up_to_date
+from ragstack.tiny_checkpoints import ALL_CHECKPOINTS, build, is_up_to_date
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """{"tiny-llama": folder, "tiny-mistral": folder, "tiny-qwen2": folder}."""
-    names = list(CHECKPOINTS)
+    """{"tiny-llama": folder, "tiny-mistral": folder, "tiny-qwen2": folder, "tiny-llama-fp8": folder}."""
+    names = list(ALL_CHECKPOINTS)
     built = ROOT / "checkpoints"
     if all(is_up_to_date(built / n) for n in names):
         return {n: built / n for n in names}

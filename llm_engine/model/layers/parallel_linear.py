@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llm_engine.model.layers.linear import Linear, MergedLinear
+from llm_engine.quantization import LinearQuant
 from llm_engine.worker.distributed import TensorParallelGroup
 
 
@@ -37,22 +37,25 @@ class ColumnParallelLinear(MergedLinear):
     """MergedLinear over this rank's rows of each stacked projection (`output_sizes` per rank)."""
 
     def __init__(self, in_features: int, output_sizes: dict[object, int], bias: bool,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__(in_features, output_sizes, bias)
+                 tp: TensorParallelGroup, quant: LinearQuant | None = None) -> None:
+        super().__init__(in_features, output_sizes, bias, quant)
         shard_param(self.weight, 0, tp)
         shard_param(self.bias, 0, tp)
+        shard_param(self.weight_scale, 0, tp)  # an FP8 weight's rows keep their scales
 
 
 class RowParallelLinear(Linear):
-    """y = sum over ranks of x_rank W_rank^T, + b once (`in_features` per rank)."""
+    """y = sum over ranks of x_rank W_rank^T, + b once (`in_features` per rank). An FP8 weight's scales
+    cover every output row on each rank: quantized at load, from that rank's columns alone."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup) -> None:
-        super().__init__(in_features, out_features, bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup,
+                 quant: LinearQuant | None = None) -> None:
+        super().__init__(in_features, out_features, bias, quant)
         shard_param(self.weight, 1, tp)
         self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return self.matmul(x, self.bias)
         # The bias is replicated: only rank 0 adds it, so the sum holds it once.
-        return self.tp.all_reduce(F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None))
+        return self.tp.all_reduce(self.matmul(x, self.bias if self.tp.rank == 0 else None))
