@@ -3,12 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import select
 import sys
-
-# The status of a Unix tool whose reader went away (`yes | head`: 128 + SIGPIPE).
-EXIT_BROKEN_PIPE = 141
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -53,7 +48,6 @@ def make_parser() -> argparse.ArgumentParser:
         ("index", "cli_index", "build or list retriever index versions"),
         ("bench", "cli_bench", "benchmark rag queries against a running server, with a per-step breakdown"),
         ("eval", "cli_eval", "retrieval quality (MRR, recall, nDCG) of retrieval, rerank and context"),
-        ("eval", "cli_eval", "retrieval quality (MRR, recall, nDCG) of retrieval, rerank and context"),
     ]:
         command = importlib.import_module(f"ragstack.{module}")
         p = sub.add_parser(name, help=help_text, description=command.__doc__)
@@ -62,28 +56,9 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe whose reading end is closed (`ragstack ... | head` after head exited)."""
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout is not a file
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    try:
-        code = args.func(args)
-        sys.stdout.flush()  # here, not at exit: a reader that went away shows up now
-        return code
-    except BrokenPipeError:
-        if not _stdout_reader_gone():  # a pipe of something else (a socket, a child): not ours to hide
-            raise
-        # Quiet, as Unix tools are: nothing more goes to stdout, not even the flush at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+    return args.func(args)
 
 
 if __name__ == "__main__":
