@@ -31,6 +31,15 @@ grammar compile times (cache miss and hit); the checkpoint needs a BPE tokenizer
     python -m benchmarks.make_random_model --shape llama3-8b --out /tmp/l8b-bpe --tokenizer /tmp/bpe
     python -m benchmarks.bench_engine --model /tmp/l8b-bpe --workloads a,b --no-hf --guided
 
+--quantization fp8 runs every engine setting twice, as given and with FP8 weights (EngineConfig
+quantization "fp8": the bf16 checkpoint quantized at load), so bf16 and FP8 rows come from one run;
+FP8 rows are judged against the FP8 roofline (the projections' weights at one byte) and issue 25's
+targets ((a) >= 430 tok/s and >= 80% of it; (b) with FP8 KV too, >= 16,000 tok/s and >= 1.5x the
+bf16 engine's row):
+
+    python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a,b --no-hf --quantization fp8 \
+        --engine '{}' --engine '{"kv_cache_dtype": "fp8_e4m3"}'
+
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
     python -m benchmarks.bench_engine --model /tmp/llama3-70b --tensor-parallel-size 4 --workloads a,b
@@ -72,6 +81,7 @@ class Row:
     itl_p50_ms: float | None
     itl_p99_ms: float | None
     peak_mem_gb: float
+    weights: str = "bf16"  # "fp8": the projections in FP8 (quantized at load, or an FP8 checkpoint)
 
 
 def pct(values, q):
@@ -152,9 +162,10 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
     if overrides:
         system += " " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     system += label
+    fp8 = settings.get("quantization") == "fp8" or checkpoint_is_fp8(model)
     row = Row(system, workload, kv_dtype, len(outputs), n_out, seconds,
               n_out / seconds, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
-              torch.cuda.max_memory_allocated() / 1e9)
+              torch.cuda.max_memory_allocated() / 1e9, "fp8" if fp8 else "bf16")
     del llm
     gc.collect()
     torch.cuda.empty_cache()
@@ -280,11 +291,30 @@ def measure_startup(model: str, max_model_len: int) -> dict:
     return {"weights_s": weights_s, **times}
 
 
-def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int) -> float:
-    """Single stream: each step reads every weight (embedding rows aside) and the KV so far."""
+def checkpoint_is_fp8(model: str) -> bool:
+    return "quantization_config" in json.loads((Path(model) / "config.json").read_text())
+
+
+def projection_params(cfg: dict) -> tuple[int, int]:
+    """(weights, output rows) of the decoder's projections: what FP8 stores at one byte, with a scale a row."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    per_layer = (h * (q + 2 * kv) + q * h + 2 * inter * h + inter * h, (q + 2 * kv) + h + 2 * inter + h)
+    return tuple(cfg["num_hidden_layers"] * n for n in per_layer)
+
+
+def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int, fp8: bool = False) -> float:
+    """Single stream: each step reads every weight (embedding rows aside) and the KV so far; with `fp8`,
+    the projections' weights at one byte and a float32 scale per output row (the bf16 checkpoint's 2)."""
     cfg = json.loads((Path(model) / "config.json").read_text())
     index = json.loads((Path(model) / "model.safetensors.index.json").read_text())
     weight_bytes = index["metadata"]["total_size"]
+    params, rows = projection_params(cfg)
+    if checkpoint_is_fp8(model):
+        weight_bytes += params - 4 * rows  # as bf16
+    if fp8:
+        weight_bytes -= params - 4 * rows
     weight_bytes -= cfg["vocab_size"] * cfg["hidden_size"] * 2  # the embedding table: one row per step
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
@@ -293,16 +323,35 @@ def roofline_tok_s(model: str, bandwidth: float, prompt: int, output: int) -> fl
     return bandwidth / step_bytes
 
 
-def target_notes(rows: list[Row], roof: float) -> list[str]:
-    """Issue 7's targets, met or missed, for every engine row of workloads a and b: (a) >= 85% of the
-    roofline and >= 225 tok/s; (b) >= 12,000 tok/s and >= 10x the HF row of the same run."""
+def target_notes(rows: list[Row], roof: float, roof_fp8: float | None = None) -> list[str]:
+    """Issue 7's targets, met or missed, for every bf16 engine row of workloads a and b: (a) >= 85% of the
+    roofline and >= 225 tok/s; (b) >= 12,000 tok/s and >= 10x the HF row of the same run. Issue 25's for
+    the FP8-weight rows: (a) >= 430 tok/s and >= 80% of the FP8 roofline; (b) with FP8 KV, >= 16,000 tok/s
+    and >= 1.5x the first bf16 engine row of (b) with bf16 KV."""
     def verdict(ok: bool) -> str:
         return "met" if ok else "missed"
 
     hf_b = next((r for r in rows if r.system == "hf-generate" and r.workload == "b"), None)
+    bf16_b = next((r for r in rows if r.system.startswith("engine") and r.workload == "b" and r.weights == "bf16"
+                   and r.kv_dtype == "auto"), None)
     notes = []
     for r in rows:
         if not r.system.startswith("engine"):
+            continue
+        if r.weights == "fp8":
+            if r.workload == "a" and roof_fp8:
+                share = r.tok_s / roof_fp8
+                notes.append(f"{r.system} (a) {r.tok_s:,.0f} tok/s, {100 * share:.0f}% of the FP8 roofline "
+                             f"{roof_fp8:.0f} (target >= 430 tok/s and >= 80%: "
+                             f"{verdict(share >= 0.8 and r.tok_s >= 430)})")
+            elif r.workload == "b":
+                note = f"{r.system} (b) {r.tok_s:,.0f} tok/s"
+                if bf16_b is not None:
+                    note += f", {r.tok_s / bf16_b.tok_s:.2f}x the bf16 engine"
+                if r.kv_dtype == "fp8_e4m3":
+                    ok = r.tok_s >= 16000 and bf16_b is not None and r.tok_s >= 1.5 * bf16_b.tok_s
+                    note += f" (FP8 weights + FP8 KV target >= 16,000 and >= 1.5x: {verdict(ok)})"
+                notes.append(note)
             continue
         if r.workload == "a":
             share = r.tok_s / roof
@@ -339,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run each workload with every request JSON-schema-guided (20 schemas, "
                              "benchmarks/guided_schemas.py) and unguided at the guided outputs' lengths; needs a "
                              "tokenizer that can spell JSON (make_random_model.py --tokenizer)")
+    parser.add_argument("--quantization", choices=["fp8"], default=None,
+                        help="also run every engine setting with FP8 weights (EngineConfig quantization)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     record.add_argument(parser, "engine")
     argv = sys.argv[1:] if argv is None else argv
@@ -351,12 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(w, "auto") for w in names if w != "d"]
     if "d" in names:
         runs += [(w, "fp8_e4m3") for w in ("b", "c")] + [(w, "auto") for w in ("b", "c") if w not in names]
+    settings = args.engine or [{}]
+    if args.quantization:
+        settings = [s for base in settings for s in (base, {**base, "quantization": args.quantization})]
     bandwidth = measure_bandwidth()
     rows: list[Row] = []
     notes_guided: list[str] = []
     for workload, kv in runs:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
-        for overrides in args.engine or [{}]:
+        for overrides in settings:
             for async_scheduling in (True, False) if args.compare_sync else (True,):
                 rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len,
                                        args.tensor_parallel_size, async_scheduling, overrides)[0])
@@ -376,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"model {cfg.get('hidden_size')}h/{cfg.get('num_hidden_layers')}L",
              f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s{gpus}; single-stream roofline for (a) "
              f"{roof:.0f} tok/s"]
-    notes += target_notes(rows, roof) + notes_guided
+    roof_fp8 = None
+    if any(r.weights == "fp8" for r in rows):
+        roof_fp8 = roofline_tok_s(args.model, bandwidth * args.tensor_parallel_size, 128, 256, fp8=True)
+        notes.append(f"FP8-weight single-stream roofline for (a) {roof_fp8:.0f} tok/s")
+    notes += target_notes(rows, roof, roof_fp8) + notes_guided
     if args.guided:
         notes.append(compile_times(args.model))
     startup = measure_startup(args.model, args.max_model_len) if args.startup else None
@@ -390,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name()
     if args.json:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "bandwidth": bandwidth,
-                                         "roofline_a": roof, "startup": startup, "gpu": gpu}, indent=1))
+                                         "roofline_a": roof, "roofline_a_fp8": roof_fp8, "startup": startup,
+                                         "gpu": gpu}, indent=1))
     if args.record:
         record.write(args.record, __file__, argv, args, machine(), table, notes)
     return 0

@@ -5,6 +5,14 @@ safetensors with an index, plus config.json, generation_config.json and a word-l
 covering the whole vocabulary (so any sampled id detokenizes). Nothing is downloaded.
 
     python -m benchmarks.make_random_model --shape llama3-8b --out /tmp/llama3-8b-random
+
+--quantization fp8 writes the same weights as a compressed-tensors FP8 checkpoint (llm-compressor's
+layout, which vLLM loads): each decoder projection quantized by the engine's own quantizer
+(llm_engine/model/fp8_checkpoint.py: e4m3, per-channel scales, or --fp8-strategy tensor) from its
+bf16 values, so it loads tensor for tensor as the bf16 checkpoint of the same seed quantized at load
+(EngineConfig quantization "fp8"):
+
+    python -m benchmarks.make_random_model --shape llama3-8b --out /tmp/l8b-fp8 --quantization fp8
 """
 from __future__ import annotations
 
@@ -28,6 +36,10 @@ SHAPES = {
                        rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                           "original_max_position_embeddings": 8192}),
+    # A few MB: the writer's own tests.
+    "llama-tiny-test": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, vocab_size=512, max_position_embeddings=2048,
+                            rope_theta=10000.0, rope_scaling=None),
     "llama-1b-test": dict(hidden_size=2048, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
                           intermediate_size=8192, vocab_size=32000, max_position_embeddings=8192,
                           rope_theta=10000.0, rope_scaling=None),
@@ -84,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="an HF tokenizer folder to ship instead of the word-level one (benchmarks/bpe_tokenizer.py: "
                              "structured output needs a tokenizer that can spell JSON)")
+    parser.add_argument("--quantization", choices=["fp8"], default=None,
+                        help="write a compressed-tensors FP8 checkpoint (decoder projections in e4m3)")
+    parser.add_argument("--fp8-strategy", choices=["channel", "tensor"], default="channel",
+                        help="FP8 weight scales: one per output channel (default) or one per tensor")
     args = parser.parse_args(argv)
 
     cfg = dict(SHAPES[args.shape])
@@ -107,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         shards[-1].append(name)
         shard_bytes += math.prod(shape) * itemsize
 
-    weight_map = {}
+    def quantize(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        if args.quantization is None:
+            return {name: tensor}
+        from llm_engine.model.fp8_checkpoint import quantize_state
+        return quantize_state({name: tensor}, args.fp8_strategy)
+
+    weight_map, total_size = {}, 0
     bar = tqdm(total=len(shapes), desc=f"random {args.shape}", unit="tensor")
     for i, names in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -119,12 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 # std 1/sqrt(fan_in) keeps activations O(1) through the layers, as a trained model's are.
                 t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
-                tensors[name] = t.mul_(1.0 / math.sqrt(shape[-1])).to(dtype).cpu()
-            weight_map[name] = file
+                t = t.mul_(1.0 / math.sqrt(shape[-1])).to(dtype)
+                tensors.update({n: q.cpu() for n, q in quantize(name, t).items()})
             bar.update(1)
         save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, file))
+        total_size += sum(t.numel() * t.element_size() for t in tensors.values())
     bar.close()
-    total_size = sum(math.prod(s) for s in shapes.values()) * itemsize
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=1))
     vocab = cfg["vocab_size"]
@@ -133,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
               "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": args.dtype,
               "bos_token_id": eos, "eos_token_id": eos, "attention_bias": False,
               "mlp_bias": False, "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"], **cfg}
+    if args.quantization:
+        from llm_engine.model.fp8_checkpoint import quantization_config
+        config["quantization_config"] = quantization_config(args.fp8_strategy)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "bos_token_id": eos}))
     if not args.tokenizer:

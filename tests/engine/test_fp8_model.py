@@ -509,3 +509,20 @@ def test_two_ranks_quantize_their_own_shards_and_run(tiny_checkpoints):
         assert [len(o.token_ids) for o in two.generate(PROMPTS, greedy)] == [8, 8]
     errors = (logits[1] - logits[0]).norm(dim=-1) / logits[0].norm(dim=-1)
     assert errors.mean() <= 0.35
+
+
+def test_make_random_model_writes_the_same_model_in_fp8(tmp_path):
+    """benchmarks/make_random_model.py --quantization fp8 (the GPU benchmarks' FP8 checkpoint): its
+    compressed-tensors folder loads tensor for tensor as its bf16 folder of the same seed quantized at load."""
+    from benchmarks import make_random_model
+
+    for name, extra in (("bf16", []), ("fp8", ["--quantization", "fp8"])):
+        assert make_random_model.main(["--shape", "llama-tiny-test", "--out", str(tmp_path / name), *extra]) == 0
+    online = load_model(EngineConfig(model=str(tmp_path / "bf16"), device="cpu", quantization="fp8"))
+    written = load_model(EngineConfig(model=str(tmp_path / "fp8"), device="cpu"))
+    assert written.model.layers[0].mlp.down_proj.weight.dtype == FP8
+    _assert_same_state(_state(online), _state(written))
+    index = json.loads((tmp_path / "fp8" / "model.safetensors.index.json").read_text())
+    tensors = load_file(str(next((tmp_path / "fp8").glob("*.safetensors"))))
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert set(index["weight_map"]) == set(tensors)
