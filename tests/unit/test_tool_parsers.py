@@ -192,7 +192,7 @@ def test_required_shapes(text, calls):
 
 
 def test_required_cut_short_keeps_what_was_read():
-    content, calls, _ = streamed(Required(), [REQUIRED[:30]])
+    _, calls, _ = streamed(Required(), [REQUIRED[:30]])
     assert [c["name"] for c in calls] == ["get_weather"] and REQUIRED[:30].endswith(calls[0]["arguments"])
 
 
@@ -201,3 +201,12 @@ def test_named_and_plain():
     assert parsed(calls) == [("f", {"x": 1})] and content == "" and len(deltas) == 3
     assert streamed(Named("f"), [])[1] == [{"name": "f", "arguments": ""}]     # nothing generated: still the call
     assert collect(Plain(), "<tool_call>x") == ("<tool_call>x", [])
+
+
+def test_the_parser_setting_is_one_of_the_formats():
+    from ragstack.openai_frontend.limits import FrontendLimits
+
+    assert set(AUTO) == {"hermes", "llama3_json", "mistral"}
+    assert FrontendLimits(tool_call_parser="mistral").to_args()[-2:] == ["--openai-tool-call-parser", "mistral"]
+    with pytest.raises(ValueError, match="tool_call_parser must be one of"):
+        FrontendLimits(tool_call_parser="pythonic")

@@ -433,8 +433,9 @@ class Mistral(Reader):
                     return None
                 found = [_call(v) for v in values[0]]
             else:                      # v11: name[ARGS]{...}, or name{...}
-                name, _, arguments = part.partition(self.ARGS) if self.ARGS in part else \
-                    (part[:part.find("{")], "", part[part.find("{"):]) if "{" in part else (part, "", "")
+                at = part.find(self.ARGS)
+                name, arguments = (part[:at], part[at + len(self.ARGS):]) if at >= 0 else \
+                    (part[:part.find("{")], part[part.find("{"):]) if "{" in part else (part, "")
                 values = _json_values(arguments)
                 found = [_call({"name": name.strip(), "arguments": values[0]})] if values and len(values) == 1 \
                     else [None]
