@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
+
+# The status of a Unix tool whose reader went away (`yes | head`: 128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -56,9 +61,28 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (`ragstack ... | head` after head exited)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout is not a file
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away shows up now
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # a pipe of something else (a socket, a child): not ours to hide
+            raise
+        # Quiet, as Unix tools are: nothing more goes to stdout, not even the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

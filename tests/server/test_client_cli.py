@@ -149,3 +149,17 @@ def test_exit_codes_of_the_real_process(triton_server):
     assert bad.returncode == 1 and "INVALID_ARG" in bad.stderr and bad.stdout == ""
     usage = subprocess.run([*cli, "embed"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+def test_a_reader_that_closes_early_ends_it_quietly(triton_server):
+    """`ragstack embed ... | head -1`: the reader takes one line and closes the pipe while the CLI still
+    writes (32 long texts: far more than a pipe holds); the CLI stops as Unix tools do, with 141
+    (128 + SIGPIPE) and nothing on stderr, no BrokenPipeError traceback."""
+    texts = [f"text {i} " + "paged attention " * 200 for i in range(32)]
+    cli = subprocess.Popen([sys.executable, "-m", "ragstack.cli", "embed", *texts, "--url", triton_server.grpc_url],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = json.loads(cli.stdout.readline())
+    cli.stdout.close()
+    err = cli.stderr.read().decode()
+    assert cli.wait(timeout=60) == 141 and err == "", err
+    assert first["text"] == texts[0] and len(first["embedding"]) == 384
