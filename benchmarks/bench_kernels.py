@@ -15,9 +15,20 @@ decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and f
 the launch config's skinny_linear max_rows can be set from the ratio (towards (a)'s 85% of the roofline).
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
 
+FP8 weights (issue 25): `fp8_gemm` times a layer's four projections at M = 1 .. 8192 rows three ways,
+bf16 torch matmul (cuBLAS), W8A8 through the Triton FP8 GEMM and through torch._scaled_mm (each with
+the per-token activation quantization the engine runs before it), printing TB/s, TFLOP/s and the
+floor (the larger of the least bytes over the copy bandwidth and the FLOPs over the measured peak:
+bf16 torch.matmul, or torch._scaled_mm 8192^3 for FP8); then which backend to name per row bucket
+in the launch config's fp8_gemm section (with --sweep, the Triton tiles too). `layer_small_batch_fp8`
+times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones and the
+unfused FP8 path at M = 1 .. 16. `prefill_16k_chunk` is workload (c)'s second prefill chunk (8192
+queries over a 16k context) with bf16 and FP8 KV.
+
     python -m benchmarks.bench_kernels --json /tmp/kernels.json
     python -m benchmarks.bench_kernels --sweep --cases decode,decode_32k   # best launch configs
     python -m benchmarks.bench_kernels --smoke                              # CPU interpreter, checks only
+    python -m benchmarks.bench_kernels --cases fp8_gemm,layer_small_batch_fp8 --sweep  # FP8 weights
     ncu --clock-control none -k regex:_decode_split_kernel --set full -o /tmp/decode \
         python -m benchmarks.bench_kernels --cases decode_serving --launches 1  # each kernel under a profiler
 """
@@ -76,11 +87,14 @@ class Sizes:
     tokens: int = 8192
     hidden: int = 4096
     gate_up: int = 28672  # [gate | up], 2 x 14336
+    fp8_gemm_rows: tuple[int, ...] = (1, 16, 64, 256, 1024, 2048, 4096, 8192)  # decode, batches, prefill chunks
+    fp8_small_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
 # Partial blocks, partial tiles and masked rows, small enough for the interpreter.
 SMOKE = Sizes(q_heads=8, kv_heads=2, head_dim=32, decode=(3, 40), decode_long=(2, 100), decode_serving=(4, 37),
-              prefill_long=(1, 50), prefill_batch=(3, 20), tokens=24, hidden=96, gate_up=160)
+              prefill_long=(1, 50), prefill_batch=(3, 20), tokens=24, hidden=96, gate_up=160,
+              fp8_gemm_rows=(1, 5, 33), fp8_small_batches=(1, 3))
 
 
 @dataclass
@@ -94,6 +108,8 @@ class Bench:
     flops: int = 0
     goal: tuple[str, Callable[[Row], bool]] | None = None
     candidates: list[tuple[dict, dict]] = field(default_factory=list)  # (launch params, kwargs)
+    # A GEMM with both bytes and flops: judged against its floor, max(bytes / copy BW, flops / peak).
+    peak: str = "bf16"  # "fp8": the FP8 matmul peak
 
 
 @dataclass
@@ -108,12 +124,14 @@ class Row:
     met: bool | None = None
     bytes: int = 0
     flops: int = 0
+    floor_us: float | None = None  # a GEMM's: the larger of its bytes' and its FLOPs' times at the limits
 
 
 @dataclass
 class Limits:
     bandwidth: float  # bytes/s
     tflops: float
+    fp8_tflops: float | None = None  # torch._scaled_mm 8192^3, row-wise scales (when FP8 cases run)
 
 
 def randn(gen, *shape, dtype=BF16):
@@ -124,6 +142,13 @@ def expect_close(case, actual, expected, atol=2e-2, rtol=2e-2):
     # bf16 rounds q, k, v and the softmax weights to 8 mantissa bits; the refs work in float32.
     torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol,
                                msg=lambda m: f"{case}: kernel does not match its reference\n{m}")
+
+
+def expect_close_norm(case, actual, expected, bound):
+    """||actual - expected|| / ||expected|| <= bound (for chains that quantize activations)."""
+    error = float((actual.float() - expected.float()).norm() / expected.float().norm())
+    if not error <= bound:
+        raise AssertionError(f"{case}: kernel does not match its reference: relative error {error:.3g} > {bound}")
 
 
 def to_paged(gen, block_size, *dense):
@@ -335,6 +360,159 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     ]
 
 
+FP8_BACKENDS = ("triton", "scaled_mm")
+
+
+def layer_weight_shapes(s: Sizes) -> list[tuple[int, int]]:
+    """(N, K) of a decoder layer's four projections: qkv, o, gate_up, down."""
+    q_size, kv_size = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
+    return [(q_size + 2 * kv_size, s.hidden), (s.hidden, q_size), (s.gate_up, s.hidden), (s.hidden, s.gate_up // 2)]
+
+
+def fp8_gemm_tiles(rows: int) -> list[tuple[dict, dict]]:
+    """Triton FP8 GEMM tiles a sweep tries for `rows` (launch_configs' fp8_gemm keys)."""
+    if rows <= 64:
+        block_ms = sorted({max(16, min(64, triton.next_power_of_2(rows))), 64})
+        tiles = itertools.product(block_ms, (32, 64, 128), (128, 256), (4,), (3, 4), (1,))
+    else:
+        tiles = itertools.product((64, 128), (128, 256), (64, 128), (4, 8), (3, 4), (8,))
+    return [({"backend": "triton", "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": st,
+              "GROUP_M": g}, {}) for m, n, k, w, st, g in tiles]
+
+
+def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
+    """A layer's four projections of `rows` rows: bf16 F.linear, and W8A8 (per-token quantization, then the
+    GEMM) by the Triton kernel and by torch._scaled_mm, each through the engine's fp8_linear with the
+    backend forced. Least bytes: the weights once (2 or 1 bytes, plus 4 per row's scale), x in bf16 once,
+    the bf16 output once (the quantized x's round trip is the FP8 path's extra)."""
+    shapes = layer_weight_shapes(s)
+    xs = [randn(gen, rows, k) for _, k in shapes]
+    weights = [randn(gen, n, k) / k**0.5 for n, k in shapes]
+    quantized = [K.quantize_fp8_weight_ref(w) for w in weights]
+    flops = sum(2 * rows * n * k for n, k in shapes)
+    io_bytes = sum(2 * rows * (n + k) for n, k in shapes)
+    bf16_bytes = io_bytes + sum(2 * n * k for n, k in shapes)
+    fp8_bytes = io_bytes + sum(n * k + 4 * n for n, k in shapes)
+    shape = f"M={rows}; qkv, o, gate_up, down of hidden {s.hidden}, MLP {s.gate_up // 2}"
+    linear = torch.nn.functional.linear
+    bf16_expected = [(x.float() @ w.float().T) for x, w in zip(xs, weights)]
+    fp8_expected = [K.fp8_linear_ref(x, q, scale) for x, (q, scale) in zip(xs, quantized)]
+
+    def check(expected, name):
+        def compare(outs):
+            for out, ref in zip(outs, expected):
+                expect_close(name, out, ref, atol=3e-2, rtol=2e-2)
+        return compare
+
+    def fp8_chain(backend):
+        def call(**_):
+            with override_launch_params("fp8_gemm", backend=backend):
+                return [K.fp8_linear(x, q, scale) for x, (q, scale) in zip(xs, quantized)]
+        return call
+
+    benches = [Bench(f"layer GEMMs M={rows} bf16", shape, None, call=lambda: [linear(x, w) for x, w in zip(xs, weights)],
+                     check=check(bf16_expected, f"bf16 M={rows}"), bytes=bf16_bytes, flops=flops)]
+    for backend in FP8_BACKENDS:
+        benches.append(Bench(f"layer GEMMs M={rows} fp8 {backend}", shape, "fp8_gemm" if backend == "triton" else None,
+                             call=fp8_chain(backend), check=check(fp8_expected, f"fp8 {backend} M={rows}"),
+                             bytes=fp8_bytes, flops=flops, peak="fp8",
+                             candidates=fp8_gemm_tiles(rows) if backend == "triton" else []))
+    return benches
+
+
+def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
+    """A layer's four projections at a small decode batch with the norm, gate and residual fused in
+    (skinny_linear), bf16 weights against FP8 ones; and FP8 unfused (rms_norm, fp8_linear, silu_and_mul)."""
+    shapes = layer_weight_shapes(s)
+    eps = 1e-5
+    weights = [randn(gen, n, k) / k**0.5 for n, k in shapes]
+    quantized = [K.quantize_fp8_weight_ref(w) for w in weights]
+    norm1, norm2 = randn(gen, s.hidden), randn(gen, s.hidden)
+    q_size = s.q_heads * s.head_dim
+    attn_out, mlp_out, start = randn(gen, rows, q_size), randn(gen, rows, s.hidden), randn(gen, rows, s.hidden)
+    residual = start.clone()
+
+    def fused(residual, fp8, skinny_linear=K.skinny_linear):
+        (w_qkv, w_o, w_gu, w_down) = [q for q, _ in quantized] if fp8 else weights
+        sc = [scale for _, scale in quantized] if fp8 else [None] * 4
+        qkv = skinny_linear(residual, w_qkv, norm_weight=norm1, eps=eps, weight_scale=sc[0])
+        skinny_linear(attn_out, w_o, residual=residual, weight_scale=sc[1])
+        gate_up = skinny_linear(residual, w_gu, norm_weight=norm2, eps=eps, weight_scale=sc[2])
+        return qkv, skinny_linear(gate_up, w_down, gated=True, residual=residual, weight_scale=sc[3])
+
+    def unfused_fp8(residual, ops=K):
+        (qkv_w, qkv_s), (o_w, o_s), (gu_w, gu_s), (d_w, d_s) = quantized
+        hidden, _ = ops.rms_norm(mlp_out, norm1, eps, residual)
+        qkv = ops.fp8_linear(hidden, qkv_w, qkv_s)
+        hidden, _ = ops.rms_norm(ops.fp8_linear(attn_out, o_w, o_s), norm2, eps, residual)
+        return qkv, ops.fp8_linear(ops.silu_and_mul(ops.fp8_linear(hidden, gu_w, gu_s)), d_w, d_s)
+
+    expected = {
+        "bf16": fused(start.clone(), False, K.skinny_linear_ref),
+        "fp8": fused(start.clone(), True, K.skinny_linear_ref),
+        "fp8 unfused": unfused_fp8(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, fp8_linear=K.fp8_linear_ref,
+                                                                  silu_and_mul=K.silu_and_mul_ref)),
+    }
+    chains = {"bf16": lambda r: fused(r, False), "fp8": lambda r: fused(r, True), "fp8 unfused": unfused_fp8}
+
+    def check(kind):
+        def compare(_):
+            for actual, ref in zip(chains[kind](start.clone()), expected[kind]):
+                name = f"layer projections fp8 b={rows} {kind}"
+                if kind == "fp8 unfused":  # a bf16 rounding step apart can quantize one e4m3 step apart (6%),
+                    # and the interpreter truncates every bf16 result where torch rounds
+                    expect_close_norm(name, actual, ref, 0.1 if os.environ.get("TRITON_INTERPRET") == "1" else 2e-2)
+                else:
+                    expect_close(name, actual, ref, atol=6e-2, rtol=3e-2)
+        return compare
+
+    bf16_bytes = sum(2 * n * k for n, k in shapes)
+    fp8_bytes = sum(n * k + 4 * n for n, k in shapes)
+    shape = f"M={rows}, hidden {s.hidden}, qkv {shapes[0][0]}, MLP {s.gate_up // 2}"
+    single_row = [({"single_row_on_cuda_cores": True, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": 2}, {})
+                  for n, k, w in itertools.product((4, 8, 16), (1024, 2048, 4096), (2, 4, 8))]
+    many_rows = [({"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": st}, {})
+                 for n, k, w, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+    return [
+        Bench(f"layer projections b={rows} fused {kind}", shape, "skinny_linear" if kind != "fp8 unfused" else None,
+              call=lambda kind=kind: chains[kind](residual), check=check(kind),
+              bytes=bf16_bytes if kind == "bf16" else fp8_bytes,
+              # max_rows 16: the fused path at every row count here, whatever the launch config says
+              candidates=[] if kind != "fp8" else (single_row if rows == 1 else many_rows))
+        for kind in ("bf16", "fp8", "fp8 unfused")
+    ]
+
+
+def prefill_chunk_benches(s: Sizes, gen) -> list[Bench]:
+    """Workload (c)'s second prefill chunk: the last 8192 of a 16384-token prompt over its whole context,
+    bf16 KV against FP8 KV (the prefill kernel reads e4m3 tiles: conversion in registers, smaller tiles)."""
+    chunk, context = s.prefill_long[1], 2 * s.prefill_long[1]
+    scale = s.head_dim**-0.5
+    q = randn(gen, chunk, s.q_heads, s.head_dim)
+    k, v = (randn(gen, 1, context, s.kv_heads, s.head_dim) for _ in range(2))
+    k_cache, v_cache, block_tables = to_paged(gen, s.block_size, k, v)
+    cu_seqlens = torch.tensor([0, chunk], dtype=torch.int32, device=gen.device)
+    context_lens = torch.tensor([context], dtype=torch.int32, device=gen.device)
+    # The chunk's queries see the first half whole and the second causally: 3/4 of a full square's work.
+    flops = 2 * 2 * chunk * (context - chunk // 2) * s.q_heads * s.head_dim
+    benches = []
+    for kv_dtype in (BF16, FP8):
+        caches = (k_cache, v_cache)
+        scales = ()
+        if kv_dtype == FP8:
+            (kc, ks), (vc, vs) = K.quantize_fp8_cache_ref(k_cache), K.quantize_fp8_cache_ref(v_cache)
+            caches, scales = (kc, vc), (ks, vs)
+        args = (q, *caches, block_tables, cu_seqlens, context_lens, scale, *scales)
+        expected = K.paged_prefill_attention_ref(*args)
+        name = f"prefill chunk {'fp8' if kv_dtype == FP8 else 'bf16'} 8k of 16k"
+        benches.append(Bench(name, f"1 x {chunk} queries, context {context}, {s.q_heads}/{s.kv_heads}x{s.head_dim}",
+                             "paged_prefill_attention",
+                             call=lambda args=args: K.paged_prefill_attention(*args),
+                             check=lambda out, expected=expected, name=name: expect_close(name, out, expected),
+                             flops=flops))
+    return benches
+
+
 DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
 SMALL_BATCHES = (1, 8, 16)  # decode rows of the layer_small_batch case
 # Cases that repeat part of another (a cheaper run of it alone): "all" leaves them out.
@@ -360,6 +538,10 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "silu": lambda: [silu_bench(s, gen)],
         "layer_small_batch": lambda: [b for rows in SMALL_BATCHES for b in layer_projection_benches(s, rows, gen)],
         "layer_single_row": lambda: layer_projection_benches(s, 1, gen),
+        "fp8_gemm": lambda: [b for rows in s.fp8_gemm_rows for b in fp8_gemm_benches(s, rows, gen)],
+        "layer_small_batch_fp8": lambda: [b for rows in s.fp8_small_batches
+                                          for b in layer_projection_fp8_benches(s, rows, gen)],
+        "prefill_16k_chunk": lambda: prefill_chunk_benches(s, gen),
     }
 
 
@@ -397,7 +579,7 @@ def time_us(fn, reps: int, graph: bool = True) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3
 
 
-def measure_limits(reps: int) -> Limits:
+def measure_limits(reps: int, fp8: bool = False) -> Limits:
     src = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
     dst = torch.empty_like(src)
     # Eager: a graph-captured copy_ takes the driver's slower graph memcpy path (pytorch#191284:
@@ -406,7 +588,14 @@ def measure_limits(reps: int) -> Limits:
     del src, dst
     a, b = (torch.randn(8192, 8192, dtype=BF16, device="cuda") for _ in range(2))
     tflops = 2 * 8192**3 / time_us(lambda: a @ b, reps) / 1e6
-    return Limits(bandwidth, tflops)
+    fp8_tflops = None
+    if fp8:  # row-wise scales and fast accumulation, as fp8_linear's scaled_mm backend
+        a8, b8 = a.to(FP8), b.to(FP8)
+        scale_a, scale_b = torch.ones(8192, 1, device="cuda"), torch.ones(1, 8192, device="cuda")
+        mm = functools.partial(torch._scaled_mm, a8, b8.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=BF16,
+                               use_fast_accum=True)
+        fp8_tflops = 2 * 8192**3 / time_us(mm, reps) / 1e6
+    return Limits(bandwidth, tflops, fp8_tflops)
 
 
 def measure(bench: Bench, limits: Limits, reps: int) -> Row:
@@ -417,12 +606,18 @@ def measure(bench: Bench, limits: Limits, reps: int) -> Row:
     first, us = time_us(bench.call, reps), time_us(bench.call, reps)
     if abs(first - us) > 0.03 * us:
         print(f"  {bench.case}: first timing {first:,.1f} us, second {us:,.1f} us (kept)", flush=True)
+    floor = None
+    peak = limits.fp8_tflops if bench.peak == "fp8" else limits.tflops
     if bench.flops:
-        achieved, unit, limit = bench.flops / us / 1e6, "TFLOP/s", limits.tflops
+        achieved, unit, limit = bench.flops / us / 1e6, "TFLOP/s", peak
     else:
         achieved, unit, limit = bench.bytes / us / 1e3, "GB/s", limits.bandwidth / 1e9
-    row = Row(bench.case, bench.shape, us, achieved, unit, 100 * achieved / limit,
-              bytes=bench.bytes, flops=bench.flops)
+    pct = 100 * achieved / limit
+    if bench.flops and bench.bytes:  # a GEMM: against its floor, bytes- or FLOP-bound
+        floor = max(bench.bytes / limits.bandwidth, bench.flops / (peak * 1e12)) * 1e6
+        pct = 100 * floor / us
+    row = Row(bench.case, bench.shape, us, achieved, unit, pct, bytes=bench.bytes, flops=bench.flops,
+              floor_us=floor)
     if bench.goal:
         row.target, row.met = bench.goal[0], bench.goal[1](row)
     return row
@@ -440,6 +635,27 @@ def speedup_rows(rows: list[Row]) -> list[Row]:
             out.append(Row(f"decode fp8 vs bf16 {name}", f"{bf16.shape}; byte ratio {ideal:.2f}x", None, speedup,
                            "x", 100 * speedup / ideal, f">= {target}x" if target else "-",
                            None if target is None else speedup >= target))
+    for r in rows:  # FP8 GEMMs: the faster backend over bf16 torch matmul
+        if r.case.startswith("layer GEMMs") and r.case.endswith(" bf16"):
+            prefix = r.case.removesuffix(" bf16")
+            fp8 = [by_case[f"{prefix} fp8 {b}"] for b in FP8_BACKENDS if f"{prefix} fp8 {b}" in by_case]
+            if fp8:
+                best = min(fp8, key=lambda x: x.time_us)
+                out.append(Row(f"{prefix} fp8 vs bf16", f"faster FP8 backend: {best.case.rsplit(' ', 1)[1]}; "
+                               "% of limit: its share of its floor", None, r.time_us / best.time_us, "x",
+                               best.pct_of_limit))
+        if r.case.startswith("layer projections") and r.case.endswith(" fused bf16"):
+            prefix = r.case.removesuffix(" fused bf16")
+            for kind in ("fused fp8", "fused fp8 unfused"):
+                other = by_case.get(f"{prefix} {kind}")
+                if other:
+                    out.append(Row(f"{prefix} {kind.removeprefix('fused ')} vs bf16 fused",
+                                   "% of limit: the FP8 chain's of copy BW", None, r.time_us / other.time_us, "x",
+                                   other.pct_of_limit))
+    chunk = [by_case.get(f"prefill chunk {kv} 8k of 16k") for kv in ("bf16", "fp8")]
+    if all(chunk):
+        out.append(Row("prefill chunk fp8 vs bf16 KV", "8k of 16k (workload (c)'s second chunk)", None,
+                       chunk[0].time_us / chunk[1].time_us, "x", 100 * chunk[0].time_us / chunk[1].time_us))
     for batch in SMALL_BATCHES:
         unfused, fused = (by_case.get(f"layer projections b={batch} {kind}") for kind in ("unfused", "fused"))
         if unfused and fused:
@@ -478,16 +694,42 @@ def sweep(bench: Bench, reps: int | None) -> dict:
 
 
 def table_row(r: Row) -> dict:
-    return {"case": r.case, "shape": r.shape, "time us": rounded(r.time_us, 1),
-            "achieved": round(r.achieved, 2) if r.unit == "x" else round(r.achieved), "unit": r.unit,
-            "% of limit": round(r.pct_of_limit), "target": r.target, "met?": r.met}
+    row = {"case": r.case, "shape": r.shape, "time us": rounded(r.time_us, 1),
+           "achieved": round(r.achieved, 2) if r.unit == "x" else round(r.achieved), "unit": r.unit,
+           "% of limit": round(r.pct_of_limit), "target": r.target, "met?": r.met}
+    if r.floor_us is not None:  # a GEMM: both rates and its floor
+        row.update({"TB/s": round(r.bytes / r.time_us / 1e6, 2), "TFLOP/s": round(r.flops / r.time_us / 1e6),
+                    "floor us": round(r.floor_us, 1)})
+    return row
+
+
+def fp8_gemm_buckets(rows: list[Row], sweeps: list[dict]) -> dict:
+    """The fp8_gemm launch-config entries these timings argue for: per row count measured, "m<=M" with
+    the faster backend (and, where the Triton kernel wins and was swept, its best tiles)."""
+    by_case = {r.case: r for r in rows}
+    best_tiles = {s["case"]: s["best"]["params"] for s in sweeps if s.get("kernel") == "fp8_gemm" and "best" in s}
+    buckets = {}
+    for r in rows:
+        if not (r.case.startswith("layer GEMMs M=") and r.case.endswith(" fp8 triton")):
+            continue
+        prefix = r.case.removesuffix(" fp8 triton")
+        rows_m = int(prefix.removeprefix("layer GEMMs M="))
+        triton_us = min([r.time_us] + [s["best"]["time_us"] for s in sweeps
+                                       if s.get("case") == r.case and "best" in s])
+        scaled = by_case.get(f"{prefix} fp8 scaled_mm")
+        if scaled is not None and scaled.time_us < triton_us:
+            buckets[f"m<={rows_m}"] = {"backend": "scaled_mm"}
+        else:
+            buckets[f"m<={rows_m}"] = {"backend": "triton", **best_tiles.get(r.case, {})}
+    return buckets
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
                         "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu, "
-                        "layer_small_batch, layer_single_row (its one-row case alone; not in all)")
+                        "layer_small_batch, layer_single_row (its one-row case alone; not in all), fp8_gemm, "
+                        "layer_small_batch_fp8, prefill_16k_chunk")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
@@ -515,9 +757,11 @@ def main() -> int:
     unknown = set(names) - set(builders)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}")
-    limits = None if args.smoke or args.launches else measure_limits(args.reps)
+    fp8 = any(n.startswith("fp8") for n in names)
+    limits = None if args.smoke or args.launches else measure_limits(args.reps, fp8)
     if limits:
-        print(f"limits: copy {limits.bandwidth / 1e9:,.0f} GB/s, bf16 matmul {limits.tflops:.0f} TFLOP/s", flush=True)
+        print(f"limits: copy {limits.bandwidth / 1e9:,.0f} GB/s, bf16 matmul {limits.tflops:.0f} TFLOP/s"
+              + (f", FP8 _scaled_mm {limits.fp8_tflops:.0f} TFLOP/s" if limits.fp8_tflops else ""), flush=True)
 
     rows, sweeps, checks = [], [], 0
     for name in names:
@@ -552,23 +796,29 @@ def main() -> int:
 
     rows += speedup_rows(rows)
     limits_line = (f"Limits measured in this run: device-to-device copy of 4 GiB {limits.bandwidth / 1e9:,.0f} GB/s "
-                   f"(read + write); bf16 torch.matmul 8192^3 {limits.tflops:.0f} TFLOP/s. Medians of {args.reps} "
-                   "CUDA-graph replays, L2 flushed before each.")
+                   f"(read + write); bf16 torch.matmul 8192^3 {limits.tflops:.0f} TFLOP/s"
+                   + (f"; FP8 torch._scaled_mm 8192^3 (row-wise scales) {limits.fp8_tflops:.0f} TFLOP/s"
+                      if limits.fp8_tflops else "")
+                   + f". Medians of {args.reps} CUDA-graph replays, L2 flushed before each.")
     best = [f"{s['case']} ({s['kernel']}): {json.dumps(s['best']['params'])} {json.dumps(s['best']['kwargs'])} "
             f"{s['best']['time_us']:,.1f} us (configured: {s['default_us']:,.1f} us)" for s in sweeps if "best" in s]
     table = [table_row(r) for r in rows]
     print(f"\n{markdown(table)}\n\n{limits_line}")
     if best:
         print(f"\n{BEST_HEADER}\n" + "\n".join(f"- {b}" for b in best))
+    buckets = fp8_gemm_buckets(rows, sweeps)
+    buckets_line = f"fp8_gemm row buckets these timings argue for (launch_configs/*.json): {json.dumps(buckets)}"
+    if buckets:
+        print(f"\n{buckets_line}")
 
     gpu = torch.cuda.get_device_name()
     if args.json:
         args.json.write_text(json.dumps({"gpu": gpu, "commit": source_commit(), "argv": argv,
                                          "limits": asdict(limits), "rows": [asdict(r) for r in rows],
-                                         "sweeps": sweeps}, indent=1))
+                                         "sweeps": sweeps, "fp8_gemm_buckets": buckets}, indent=1))
     if args.record:
         versions = f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}"
-        notes = [limits_line, versions] + ([BEST_HEADER, *best] if best else [])
+        notes = [limits_line, versions] + ([BEST_HEADER, *best] if best else []) + ([buckets_line] if buckets else [])
         record.write(args.record, __file__, argv, args, gpu, table, notes)
     if num_wrong:
         print(f"{num_wrong} swept configs gave wrong results (see WRONG RESULT above)")
