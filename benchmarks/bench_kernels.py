@@ -410,7 +410,8 @@ def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
                 return [K.fp8_linear(x, q, scale) for x, (q, scale) in zip(xs, quantized)]
         return call
 
-    benches = [Bench(f"layer GEMMs M={rows} bf16", shape, None, call=lambda: [linear(x, w) for x, w in zip(xs, weights)],
+    benches = [Bench(f"layer GEMMs M={rows} bf16", shape, None,
+                     call=lambda: [linear(x, w) for x, w in zip(xs, weights)],
                      check=check(bf16_expected, f"bf16 M={rows}"), bytes=bf16_bytes, flops=flops)]
     for backend in FP8_BACKENDS:
         benches.append(Bench(f"layer GEMMs M={rows} fp8 {backend}", shape, "fp8_gemm" if backend == "triton" else None,
