@@ -141,3 +141,24 @@ def test_an_http_rag_query_ends_when_its_client_goes_away(triton_server, stream)
     wait_for_metric(triton_server.metrics_url, "triton_llm_num_requests_running", "llm", lambda v: v == 0,
                     timeout_s=10)
     assert time.monotonic() - gone < 2.5  # uncancelled, these run about 4 s here
+
+
+def test_token_counts_when_asked(triton_server):
+    """return_num_input_tokens / return_num_output_tokens: the llm's counts, relayed by rag_generate (the
+    prompt with its passages; the answer's tokens, per response when streaming); absent when not asked."""
+    def generate(endpoint: str, **extra) -> list[dict]:
+        body = json.dumps({"query": QUESTION, "max_tokens": 4, "sampling_parameters": '{"temperature": 0, '
+                           '"ignore_eos": true}', **extra}).encode()
+        request = urllib.request.Request(f"http://{triton_server.http_url}/v2/models/rag/{endpoint}", data=body)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")] or [json.loads(text)]
+
+    asked = {"return_num_input_tokens": True, "return_num_output_tokens": True}
+    [once] = generate("generate", stream=False, **asked)
+    assert once["num_output_tokens"] == 4 and once["num_input_tokens"] > 50
+    events = generate("generate_stream", stream=True, **asked)
+    assert sum(e.get("num_output_tokens", 0) for e in events) == 4
+    assert {e["num_input_tokens"] for e in events if "num_input_tokens" in e} == {once["num_input_tokens"]}
+    [plain] = generate("generate", stream=False)
+    assert "num_input_tokens" not in plain and "num_output_tokens" not in plain

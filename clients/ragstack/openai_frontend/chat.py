@@ -2,7 +2,8 @@
 rag model, which answers the last user message from the index and returns its sources in the
 extension field `sources` (on the message; streaming, on each choice's first chunk's delta):
 `[{"n": 1, "source": "faiss.html", "passage_id": "...", "score": 0.61}, ...]`, `n` the citation
-number `[n]` in the answer. `rag` returns no token counts: its `usage` is null.
+number `[n]` in the answer. `usage` counts the llm's tokens behind rag too: the prompt it was given (the
+retrieved passages with the question) and the answer.
 
 `response_format` and vLLM's guided_* keys constrain an llm's output (structured.py); `tools` reach its
 chat template and its answer is read for tool calls (tools.py, tool_parsers.py): `message.tool_calls`,
@@ -61,7 +62,7 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
                                                                           tools.llm_tools(tool_plan)),
                                        params, top_logprobs=top) for s in generation.seeded(sampling, body.n)]
-    usage = Usage(served.kind != "rag", prompts=1, n=body.n)
+    usage = Usage(True, prompts=1, n=body.n)
     answer = Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name, usage,
                     body.stream_options is not None and body.stream_options.include_usage, tool_plan)
     if body.stream:

@@ -94,7 +94,9 @@ def llm_inputs(prompt_or_messages: str | list[dict], sampling: dict, stream: boo
 
 
 def rag_inputs(query: str, sampling: dict, stream: bool) -> dict:
-    return {"query": t.text(query), "stream": t.flag(stream), "sampling_parameters": t.text(json.dumps(sampling))}
+    """The rag ensemble's inputs; it relays the llm's token counts when asked, as the llm does."""
+    return {"query": t.text(query), "stream": t.flag(stream), "sampling_parameters": t.text(json.dumps(sampling)),
+            "return_num_input_tokens": t.flag(True), "return_num_output_tokens": t.flag(True)}
 
 
 def seeded(sampling: dict, n: int) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 class Usage:
     def __init__(self, counted: bool, prompts: int, n: int):
-        """`counted`: the model reports token counts (the llm does, rag does not)."""
+        """`counted`: the model reports token counts (the llm does, and rag relays the llm's)."""
         self.counted, self.n = counted, n
         self._prompt = [0] * prompts
         self._completion = 0

@@ -4,7 +4,9 @@ Each request is relayed by a thread: a BLS request to the llm with the same `str
 `sampling_parameters`, `max_tokens` and request parameters (where the HTTP generate endpoint puts
 its "parameters"); every llm response is forwarded as it comes, the sources ride on the first.
 With stream=false the llm answers once and so does this model, in one FINAL response, which the
-HTTP /generate endpoint requires. Every request ends with exactly one FINAL response.
+HTTP /generate endpoint requires. Every request ends with exactly one FINAL response. The token counts
+(return_num_input_tokens / return_num_output_tokens) are the llm's, asked of it and relayed as it sends
+them: num_input_tokens the prompt's (with the passages), num_output_tokens per response when streaming.
 
 Triton 2.51's BLS cannot cancel a request it has sent, and loses a decoupled callee's error response
 that follows its first response. So each llm request carries a key (request parameter
@@ -39,7 +41,8 @@ import triton_python_backend_utils as pb_utils
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The llm's control parameters (backends/triton_llm/llm_request.py: CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND).
 CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND = "ragstack_cancel_key", "ragstack_abort", "ragstack_errors_in_band"
-PASSED_TO_LLM = ("stream", "max_tokens")
+PASSED_TO_LLM = ("stream", "max_tokens", "return_num_input_tokens", "return_num_output_tokens")
+COUNTS = {"return_num_input_tokens": "num_input_tokens", "return_num_output_tokens": "num_output_tokens"}
 REQUIRED = ("messages", "sources")
 
 
@@ -133,8 +136,9 @@ class TritonPythonModel:
         if sampling is not None:
             inputs.append(pb_utils.Tensor("sampling_parameters", np.array([sampling.encode()], dtype=object)))
         parameters = {**json.loads(request.parameters() or "{}"), CANCEL_KEY: relay.key, ERRORS_IN_BAND: True}
+        counts = [output for flag, output in COUNTS.items() if _flag(request, flag)]
         llm_request = pb_utils.InferenceRequest(
-            model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason", "error"],
+            model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason", "error", *counts],
             parameters=parameters)
 
         first, answer = True, []
@@ -189,6 +193,11 @@ def _text(request, name: str) -> str | None:
         return None
     value = tensor.as_numpy().reshape(-1)[0]
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _flag(request, name: str) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
 
 
 def _output_text(response, name: str) -> str:
