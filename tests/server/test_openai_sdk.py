@@ -117,23 +117,32 @@ def test_completions_prompts_echo_and_logprobs(client, triton):
     logprobs = scored.choices[0].logprobs
     assert "".join(logprobs.tokens) == scored.choices[0].text and len(logprobs.top_logprobs[0]) == 2
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    sampled = client.completions.create(model="llm", prompt="The KV cache", max_tokens=8, temperature=1.0, seed=3,
+                                        logprobs=1).choices[0].logprobs   # as OpenAI: the sampled token too
+    assert all(token in top and len(top) <= 2 for token, top in zip(sampled.tokens, sampled.top_logprobs))
     pieces = list(client.completions.create(model="llm", prompt="The KV cache", max_tokens=5, temperature=0,
                                             stream=True, echo=True))
     assert "".join(p.choices[0].text for p in pieces) == echoed.choices[0].text
 
 
 def test_rag_answers_with_its_sources(client, triton):
-    answer = client.chat.completions.create(model="rag", messages=[{"role": "user", "content": QUESTION}], max_tokens=6)
+    rag = {"model": "rag", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "temperature": 0,
+           "extra_body": {"ignore_eos": True}}
+    answer = client.chat.completions.create(**rag)
     message = answer.choices[0].message
     sources = message.model_extra["sources"]
     assert [s.source for s in triton.query(QUESTION, max_tokens=1, stream=False).collect().sources] == \
         [s["source"] for s in sources]
     assert [s["n"] for s in sources] == list(range(1, len(sources) + 1)) and message.content
-    assert answer.usage is None   # rag returns no token counts
-    chunks = list(client.chat.completions.create(model="rag", messages=[{"role": "user", "content": QUESTION}],
-                                                 max_tokens=6, stream=True))
+    # the llm's counts, relayed by rag: the prompt holds the passages, far more than the question
+    usage = answer.usage
+    assert usage.completion_tokens == 6 and usage.prompt_tokens > 50
+    assert usage.total_tokens == usage.prompt_tokens + 6
+    chunks = list(client.chat.completions.create(**rag, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.model_extra["sources"] == sources
     assert all("sources" not in (c.choices[0].delta.model_extra or {}) for c in chunks[1:] if c.choices)
+    assert not chunks[-1].choices and chunks[-1].usage == usage   # include_usage: the last chunk
+    assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_embeddings_are_the_embed_models_in_floats_and_base64(client, triton):

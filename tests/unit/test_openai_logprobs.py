@@ -47,3 +47,21 @@ def test_openai_shapes():
                                        "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [195, 169]}]}
     assert completion_logprobs(tokens, 3) == {"tokens": ["é", "t"], "token_logprobs": [-0.5, -0.1],
                                               "top_logprobs": [{"é": -0.5}, {"t": -0.1}], "text_offset": [3, 4]}
+
+
+def test_top_logprobs_as_openai_has_them():
+    """logprob is the sampled token's own; chat's top_logprobs are the N most likely alone (the sampled token
+    there only where it is one of them); completions' add the sampled token (up to N + 1 entries)."""
+    raw = json.dumps([entry((1, "a", -0.2, 1), (2, "b", -1.9, 2), (3, "z", -6.0, 40)),   # sampled outside the top 2
+                      entry((4, "c", -0.4, 1), (5, "d", -1.2, 2))])                    # sampled inside: "d"
+    tokens = Matcher(2).add(raw, "zd")
+    chat = chat_content(tokens)
+    assert [(c["token"], c["logprob"]) for c in chat] == [("z", -6.0), ("d", -1.2)]
+    assert [[(a["token"], a["logprob"]) for a in c["top_logprobs"]] for c in chat] == [
+        [("a", -0.2), ("b", -1.9)], [("c", -0.4), ("d", -1.2)]]
+    completion = completion_logprobs(tokens, 0)
+    assert completion["token_logprobs"] == [-6.0, -1.2]
+    assert completion["top_logprobs"] == [{"a": -0.2, "b": -1.9, "z": -6.0}, {"c": -0.4, "d": -1.2}]
+    assert list(completion["top_logprobs"][0]) == ["a", "b", "z"]   # the N most likely first
+    only = completion_logprobs(Matcher(0).add(json.dumps([entry((6, "q", -3.0, 9))]), "q"), 0)
+    assert only["top_logprobs"] == [{"q": -3.0}]   # logprobs=0: the sampled token alone, as OpenAI

@@ -4,6 +4,10 @@ The llm sends, per response, one object per new token: `{token id: {logprob, ran
 over its N most likely tokens (ranks 1..N, in order) and the sampled token. A sampled token outside
 the top N is the last entry; one inside it shares its entry, and nothing marks which it is. The
 sampled tokens' `decoded_token`s add up to the text, so that is what tells them apart (Matcher).
+
+As OpenAI: each token's `logprob` is the sampled token's own. Chat's `top_logprobs` are the N most likely,
+which hold the sampled token only where it is one of them; completions' `top_logprobs` are the N most
+likely plus the sampled token ("up to logprobs+1 elements": the API always returns the sampled token's).
 """
 from __future__ import annotations
 
@@ -107,4 +111,11 @@ def completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
         offsets.append(offset)
         offset += len(t.token)
     return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{a.token: a.logprob for a in t.top} for t in tokens], "text_offset": offsets}
+            "top_logprobs": [_with_sampled(t) for t in tokens], "text_offset": offsets}
+
+
+def _with_sampled(t: TokenLogprob) -> dict[str, float]:
+    """The N most likely, most likely first, then the sampled token where it is not among them."""
+    top = {a.token: a.logprob for a in t.top}
+    top.setdefault(t.token, t.logprob)
+    return top
