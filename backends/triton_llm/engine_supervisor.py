@@ -54,6 +54,12 @@ class EngineSupervisor:
     def get_stats(self) -> EngineStats:
         return self._client.get_stats()
 
+    def exports_engine_metrics(self) -> bool:
+        """Whether this instance publishes the engine-wide metrics (KV blocks, running and waiting
+        requests, ...): an engine shared by several instances names one, its oldest client; an
+        engine of one instance (or in the stub) is that instance's."""
+        return getattr(self._client, "exporter", True) and self._client.failure is None
+
     def shutdown(self, timeout: float | None) -> None:
         """Stop watching (a restart under way finishes first) and shut the engine down: requests run
         for up to `timeout` seconds, then each ends with an abort."""

@@ -5,6 +5,11 @@ buckets (its README), plus the vLLM server's `vllm:num_requests_*` and `vllm:kv_
 gauges, so dashboards and alerts built for vllm_backend work unchanged. Gauges and token counters
 are refreshed from the engine's stats by a timer thread; the histograms move when a request
 produces its first token or finishes.
+
+Several instances of one model share one engine (response_instances.py): each publishes the
+series of its own requests (histograms, finished-request counters), and one of them, the one the
+engine names (`exporter`), the engine-wide ones (KV blocks, running and waiting requests,
+preemptions, prefill and generated tokens), so a sum over the instances counts the engine once.
 """
 from __future__ import annotations
 
@@ -33,7 +38,9 @@ def _buckets_1_2_5(maximum: int) -> list[int]:
 
 
 class LLMMetrics:
-    def __init__(self, labels: dict[str, str], stats_fn, interval_s: float, max_model_len: int):
+    def __init__(self, labels: dict[str, str], stats_fn, interval_s: float, max_model_len: int,
+                 exporter=lambda: True):
+        """`exporter()`: whether this instance publishes the engine-wide series now."""
         def family(name, description, kind):
             f = pb_utils.MetricFamily(name=name, description=description, kind=kind)
             self._families.append(f)  # a family that is garbage collected disappears from /metrics
@@ -41,6 +48,7 @@ class LLMMetrics:
 
         C, G, H = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.HISTOGRAM
         self._families: list = []
+        self._labels = labels
         self.ttft = family("triton_llm_time_to_first_token_seconds",
                            "Time from arrival to the first output token", H).Metric(
                                labels=labels, buckets=_LATENCY_BUCKETS)
@@ -56,22 +64,26 @@ class LLMMetrics:
                                         "Generated tokens of finished requests", C).Metric(labels=labels)
         self.requests = family("triton_llm_requests_finished_total",
                                "Finished requests", C).Metric(labels=labels)
-        self.preemptions = family("triton_llm_preemptions_total",
-                                  "Sequences preempted (KV dropped, recomputed later)", C).Metric(labels=labels)
-        self.kv_used = family("triton_llm_kv_cache_blocks_used", "KV-cache blocks in use", G).Metric(labels=labels)
-        self.kv_total = family("triton_llm_kv_cache_blocks_total", "KV-cache blocks in the pool",
-                               G).Metric(labels=labels)
-        self.running = family("triton_llm_num_requests_running", "Sequences in the running batch",
-                              G).Metric(labels=labels)
-        self.waiting = family("triton_llm_num_requests_waiting", "Sequences waiting to be scheduled",
-                              G).Metric(labels=labels)
+        # Engine-wide: families now, their series while this instance is the exporter (_EngineSeries).
+        self._engine_families = {
+            "preemptions": family("triton_llm_preemptions_total",
+                                  "Sequences preempted (KV dropped, recomputed later)", C),
+            "kv_used": family("triton_llm_kv_cache_blocks_used", "KV-cache blocks in use", G),
+            "kv_total": family("triton_llm_kv_cache_blocks_total", "KV-cache blocks in the pool", G),
+            "running": family("triton_llm_num_requests_running", "Sequences in the running batch", G),
+            "waiting": family("triton_llm_num_requests_waiting", "Sequences waiting to be scheduled", G),
+            "vllm_prompt_tokens": family("vllm:prompt_tokens_total", "Number of prefill tokens processed.", C),
+            "vllm_generation_tokens": family("vllm:generation_tokens_total",
+                                             "Number of generation tokens processed.", C),
+            "vllm_running": family("vllm:num_requests_running", "Number of requests in model execution batches.", G),
+            "vllm_waiting": family("vllm:num_requests_waiting", "Number of requests waiting to be processed.", G),
+            "vllm_kv_usage": family("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G),
+        }
 
         def vllm(name, description, kind, buckets=None):
             f = family(f"vllm:{name}", description, kind)
             return f.Metric(labels=labels, buckets=buckets) if buckets else f.Metric(labels=labels)
 
-        self.vllm_prompt_tokens = vllm("prompt_tokens_total", "Number of prefill tokens processed.", C)
-        self.vllm_generation_tokens = vllm("generation_tokens_total", "Number of generation tokens processed.", C)
         self.vllm_ttft = vllm("time_to_first_token_seconds", "Histogram of time to first token in seconds.", H,
                               _VLLM_TTFT_BUCKETS)
         self.vllm_tpot = vllm("time_per_output_token_seconds", "Histogram of time per output token in seconds.",
@@ -83,13 +95,10 @@ class LLMMetrics:
         self.vllm_request_generation = vllm("request_generation_tokens", "Number of generation tokens processed.",
                                             H, _buckets_1_2_5(max_model_len))
         self.vllm_n = vllm("request_params_n", "Histogram of the n request parameter.", H, _VLLM_N_BUCKETS)
-        self.vllm_running = vllm("num_requests_running", "Number of requests in model execution batches.", G)
-        self.vllm_waiting = vllm("num_requests_waiting", "Number of requests waiting to be processed.", G)
-        self.vllm_kv_usage = vllm("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G)
         self._stats_fn = stats_fn
-        start = stats_fn()  # the warm-up's tokens are not traffic
-        self._preemptions_seen = start.num_preemptions
-        self._tokens_seen = (start.num_prompt_tokens, start.num_generation_tokens)  # already counted
+        self._exporter = exporter
+        self.engine: _EngineSeries | None = None
+        self._update_engine_series(stats_fn())  # the warm-up's tokens are not traffic: counted from here
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh_loop, args=(interval_s,), daemon=True,
                                         name="triton_llm-metrics")
@@ -116,17 +125,18 @@ class LLMMetrics:
 
     def refresh(self) -> None:
         stats = self._stats_fn()
-        self.kv_used.set(stats.kv_blocks_used)
-        self.kv_total.set(stats.kv_blocks_total)
-        self.running.set(stats.num_running)
-        self.waiting.set(stats.num_waiting)
-        self.vllm_running.set(stats.num_running)
-        self.vllm_waiting.set(stats.num_waiting)
-        self.vllm_kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
-        self._preemptions_seen = _count_on(self.preemptions, stats.num_preemptions, self._preemptions_seen)
-        prompt_seen, generation_seen = self._tokens_seen
-        self._tokens_seen = (_count_on(self.vllm_prompt_tokens, stats.num_prompt_tokens, prompt_seen),
-                             _count_on(self.vllm_generation_tokens, stats.num_generation_tokens, generation_seen))
+        if self.engine is not None:
+            self.engine.update(stats)
+        self._update_engine_series(stats)
+
+    def _update_engine_series(self, stats) -> None:
+        """The engine-wide series appear when this instance becomes the exporter (counting from
+        `stats`), and go (deleted) when it no longer is."""
+        exporting = self._exporter()
+        if exporting and self.engine is None:
+            self.engine = _EngineSeries(self._engine_families, self._labels, stats)
+        elif not exporting and self.engine is not None:
+            self.engine = None
 
     def _refresh_loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -138,6 +148,30 @@ class LLMMetrics:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class _EngineSeries:
+    """The engine-wide series of the exporting instance; deleted with this object."""
+
+    def __init__(self, families: dict, labels: dict[str, str], start) -> None:
+        for name, f in families.items():
+            setattr(self, name, f.Metric(labels=labels))
+        self._preemptions_seen = start.num_preemptions
+        self._tokens_seen = (start.num_prompt_tokens, start.num_generation_tokens)  # already counted
+        self.update(start)
+
+    def update(self, stats) -> None:
+        self.kv_used.set(stats.kv_blocks_used)
+        self.kv_total.set(stats.kv_blocks_total)
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.vllm_running.set(stats.num_running)
+        self.vllm_waiting.set(stats.num_waiting)
+        self.vllm_kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
+        self._preemptions_seen = _count_on(self.preemptions, stats.num_preemptions, self._preemptions_seen)
+        prompt_seen, generation_seen = self._tokens_seen
+        self._tokens_seen = (_count_on(self.vllm_prompt_tokens, stats.num_prompt_tokens, prompt_seen),
+                             _count_on(self.vllm_generation_tokens, stats.num_generation_tokens, generation_seen))
 
 
 def _count_on(counter, total: int, seen: int) -> int:

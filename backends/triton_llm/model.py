@@ -33,6 +33,7 @@ import triton_python_backend_utils as pb_utils
 from engine_settings import load_settings
 from chat_tools import template_info
 from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, asks_template_info, parse_request
+from response_instances import check_thread_engine, engine_share, instances_on_device
 from responses import ResponseBuilder
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -79,13 +80,20 @@ class TritonPythonModel:
 
         self._unavailable_errors = (EngineOverloadedError, EngineClosedError)  # EngineDeadError included
         self._dead_error = EngineDeadError
+        instances = instances_on_device(self.model_config, args.get("model_instance_kind", "MODEL"),
+                                        int(args.get("model_instance_device_id", 0)))
         if settings["engine_process"]:
             from llm_engine.engine.process_client import EngineProcessClient
-            # A child process owns the engine and its step loop, away from this process's GIL (each
-            # response sent holds it for an IPC round trip); it warms up before it says it is ready.
-            start = lambda: EngineProcessClient(config)  # noqa: E731
+            # A process of its own owns the engine and its step loop, away from this process's GIL
+            # (each response sent waits for an IPC round trip); it warms up before it says it is
+            # ready. The model's instances on this device share it (response_instances.py).
+            share = engine_share(self.name, self.version, self.model_config, config, instances)
+            start = lambda: EngineProcessClient(config, share=share)  # noqa: E731
             where = "in a process of its own"
+            if instances > 1:
+                where += f" shared by {instances} instances"
         else:
+            check_thread_engine(instances)
             from llm_engine.engine.async_engine import AsyncLLMEngine
             from llm_engine.engine.llm_engine import start_engine
             start = lambda: AsyncLLMEngine(start_engine(config))  # noqa: E731
@@ -101,7 +109,7 @@ class TritonPythonModel:
             # sharing a series: Triton 2.51 frees a series when either instance deletes it.
             labels = {"model": self.name, "version": self.version, "stub_pid": str(os.getpid())}
             self.metrics = LLMMetrics(labels, self.supervisor.get_stats, settings["metrics_interval_s"],
-                                      config.max_model_len)
+                                      config.max_model_len, exporter=self.supervisor.exports_engine_metrics)
         except pb_utils.TritonModelException as exc:  # the server runs with metrics off
             pb_utils.Logger.log_info(f"triton_llm: metrics disabled ({exc})")
         self._tasks: set[asyncio.Future] = set()

@@ -15,11 +15,13 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from llm_engine.engine.input_processor import EngineRequest
-from llm_engine.engine.llm_engine import LLMEngine
 from llm_engine.outputs import EngineStats, RequestDelta
+
+if TYPE_CHECKING:  # the clients import StepReport from here: they need no model code
+    from llm_engine.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 

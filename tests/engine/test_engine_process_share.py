@@ -16,7 +16,7 @@ import time
 import pytest
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 
-from llm_engine import EngineConfig
+from llm_engine import LLM, EngineConfig
 from llm_engine.engine.engine_share import EngineShare
 from llm_engine.engine.process_client import EngineProcessClient
 from llm_engine.errors import EngineDeadError
@@ -60,8 +60,8 @@ def idle(client) -> bool:
 
 @pytest.fixture(scope="module")
 def three(tiny_checkpoints, tmp_path_factory):
-    """Three clients of one engine that takes three."""
-    where = share(tmp_path_factory.mktemp("run"), "three", 3)
+    """Three clients of one engine that takes four."""
+    where = share(tmp_path_factory.mktemp("run"), "three", 4)
     clients = [EngineProcessClient(config(tiny_checkpoints), share=where) for _ in range(3)]
     yield clients
     for client in clients:
@@ -73,19 +73,18 @@ def test_later_clients_join_the_first_ones_engine_and_get_its_outputs(three, tin
     assert first.started_engine and not second.started_engine and not third.started_engine
     assert first.pid == second.pid == third.pid
     assert first.share.socket_path.exists()
-    alone = EngineProcessClient(config(tiny_checkpoints))  # private: a reference with one client
+    prompts = PROMPTS * 3
+    with LLM(str(tiny_checkpoints["tiny-qwen2"]), **CONFIG) as llm:  # the engine alone, for reference
+        reference = llm.generate(prompts, [llm.engine.processor.process("p", p, GREEDY).sampling_params
+                                           for p in prompts])
 
     async def streams(clients):
         return await asyncio.gather(*(collect(c.add_request(f"r{i}", p, GREEDY))
-                                      for i, (c, p) in enumerate(zip(clients, PROMPTS * 3))))
-    try:
-        together = asyncio.run(streams([first, second, third] * 4))
-        reference = asyncio.run(streams([alone] * 12))
-    finally:
-        alone.shutdown(timeout=0)
-    for outs, ref in zip(together, reference):
-        assert outs[-1].finish_reason == "length" and outs[-1].token_ids == ref[-1].token_ids
-        assert "".join(o.delta_text for o in outs) == ref[-1].text
+                                      for i, (c, p) in enumerate(zip(clients, prompts))))
+
+    for outs, ref in zip(asyncio.run(streams([first, second, third] * 4)), reference):
+        assert outs[-1].finish_reason == "length" and outs[-1].token_ids == ref.token_ids
+        assert "".join(o.delta_text for o in outs) == ref.text
     assert wait_until(lambda: all(idle(c) for c in three))
 
 
@@ -105,8 +104,7 @@ def test_a_request_id_in_use_fails_only_the_request_that_reuses_it(three):
 
 
 def test_one_clients_abort_and_shutdown_end_only_its_requests(three, tiny_checkpoints):
-    first, second, third = three
-    leaving = EngineProcessClient(config(tiny_checkpoints), share=share(first.share.directory, "other", 2))
+    first, second, _ = three
 
     async def main():
         mine = [first.add_request(f"keep{i}", PROMPTS[i], LONG) for i in range(2)]
@@ -122,24 +120,22 @@ def test_one_clients_abort_and_shutdown_end_only_its_requests(three, tiny_checkp
     assert dropped[-1].finish_reason == "abort"
     assert all(outs[-1].finish_reason == "length" for outs in kept) and other[-1].finish_reason == "length"
 
-    # The other engine's second client starts a long request and shuts down at once: its request is
-    # aborted, its engine, with a client left, serves on.
-    joined = EngineProcessClient(config(tiny_checkpoints), share=leaving.share)
+    # A fourth client joins, starts a long request and shuts down at once: its request is aborted, the
+    # others' runs on.
+    fourth = EngineProcessClient(config(tiny_checkpoints), share=first.share)
+    assert fourth.pid == first.pid
 
-    async def shutdown_with_a_request_open():
-        stream = joined.add_request("cut", PROMPTS[0], LONG)
-        await stream.__anext__()
-        await asyncio.to_thread(joined.shutdown, 0)
-        return await collect(stream)
+    async def shutdown_with_requests_open():
+        theirs = fourth.add_request("cut", PROMPTS[0], LONG)
+        mine = first.add_request("goes on", PROMPTS[1], LONG)
+        await theirs.__anext__()
+        await mine.__anext__()
+        await asyncio.to_thread(fourth.shutdown, 0)
+        return await collect(theirs), await collect(mine)
 
-    try:
-        assert asyncio.run(shutdown_with_a_request_open())[-1].finish_reason == "abort"
-        assert is_alive(leaving.pid)
-        assert asyncio.run(generate(leaving, "still"))[-1].finish_reason == "length"
-    finally:
-        leaving.shutdown(timeout=0)
-    assert wait_until(lambda: not is_alive(leaving.pid))
-    assert not leaving.share.socket_path.exists()
+    theirs, mine = asyncio.run(shutdown_with_requests_open())
+    assert theirs[-1].finish_reason == "abort" and mine[-1].finish_reason == "length"
+    assert is_alive(first.pid) and wait_until(lambda: idle(first))
 
 
 def test_the_oldest_client_exports_the_engine_metrics(three):
@@ -150,7 +146,7 @@ def test_the_oldest_client_exports_the_engine_metrics(three):
 FRONT_END = """
 import asyncio, sys
 from pathlib import Path
-from llm_engine import EngineConfig
+from llm_engine import LLM, EngineConfig
 from llm_engine.engine.engine_share import EngineShare
 from llm_engine.engine.process_client import EngineProcessClient
 share = EngineShare(sys.argv[2], 3, directory=Path(sys.argv[3]))
@@ -165,15 +161,17 @@ asyncio.run(main())
 """
 
 
-def test_a_client_that_dies_takes_only_its_requests_and_a_full_engine_refuses_more(tiny_checkpoints, tmp_path):
+def test_a_client_that_dies_takes_only_its_requests_a_full_engine_refuses_more_and_all_see_its_death(
+        tiny_checkpoints, tmp_path):
     where = share(tmp_path, "dies", 3)
     first = EngineProcessClient(config(tiny_checkpoints), share=where)
     front = subprocess.Popen([sys.executable, "-c", FRONT_END, str(tiny_checkpoints["tiny-qwen2"]), where.key,
                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    third = fourth = None
     try:
         assert int(front.stdout.readline()) == first.pid  # it joined, and its request runs
 
-        async def main():
+        async def a_client_dies():
             stream = first.add_request("mine", PROMPTS[0], LONG)
             await stream.__anext__()
             assert first.get_stats().num_running == 2
@@ -182,40 +180,35 @@ def test_a_client_that_dies_takes_only_its_requests_and_a_full_engine_refuses_mo
             assert await asyncio.to_thread(wait_until, lambda: first.get_stats().num_running == 1)
             return await collect(stream)
 
-        assert asyncio.run(main())[-1].finish_reason == "length"
+        assert asyncio.run(a_client_dies())[-1].finish_reason == "length"
         # It took 2 of its 3 clients: one more joins, the fourth starts an engine of its own.
         third = EngineProcessClient(config(tiny_checkpoints), share=where)
         fourth = EngineProcessClient(config(tiny_checkpoints), share=where)
-        try:
-            assert third.pid == first.pid and fourth.started_engine and fourth.pid != first.pid
-            assert is_alive(first.pid) and is_alive(fourth.pid)
-        finally:
-            third.shutdown(timeout=0)
-            fourth.shutdown(timeout=0)
+        assert third.pid == first.pid and fourth.started_engine and fourth.pid != first.pid
+        fourth.shutdown(timeout=0)  # its last client: it exits, the first engine serves on
         assert wait_until(lambda: not is_alive(fourth.pid)) and is_alive(first.pid)
+
+        async def the_engine_dies():
+            streams = [first.add_request("a", PROMPTS[0], LONG), third.add_request("b", PROMPTS[1], LONG)]
+            for stream in streams:
+                await stream.__anext__()
+            os.kill(first.pid, signal.SIGKILL)
+            for stream, how in zip(streams, ("was killed by SIGKILL", "closed its connection")):
+                with pytest.raises(EngineDeadError, match=rf"the engine process \(pid {first.pid}\) {how}"):
+                    await collect(stream)
+
+        asyncio.run(the_engine_dies())
+        assert first.failure and third.failure and not first.exporter
     finally:
         front.kill()
-        first.shutdown(timeout=0)
-    assert wait_until(lambda: not is_alive(first.pid))
+        for client in (first, third, fourth):
+            if client is not None:
+                client.shutdown(timeout=0)
+    assert not is_alive(first.pid)
 
 
-def test_every_client_sees_the_engine_die(tiny_checkpoints, tmp_path):
-    where = share(tmp_path, "killed", 2)
-    first = EngineProcessClient(config(tiny_checkpoints), share=where)
-    second = EngineProcessClient(config(tiny_checkpoints), share=where)
-
-    async def main():
-        streams = [first.add_request("a", PROMPTS[0], LONG), second.add_request("b", PROMPTS[1], LONG)]
-        for stream in streams:
-            await stream.__anext__()
-        os.kill(first.pid, signal.SIGKILL)
-        for stream, how in zip(streams, ("was killed by SIGKILL", "closed its connection")):
-            with pytest.raises(EngineDeadError, match=rf"the engine process \(pid {first.pid}\) {how}"):
-                await collect(stream)
-
-    try:
-        asyncio.run(main())
-        assert first.failure and second.failure and not first.exporter
-    finally:
-        first.shutdown(timeout=5)
-        second.shutdown(timeout=5)
+def test_the_last_client_leaving_ends_the_engine(three):
+    pid, path = three[0].pid, three[0].share.socket_path
+    for client in three:
+        client.shutdown(timeout=0)
+    assert wait_until(lambda: not is_alive(pid)) and not path.exists()
