@@ -12,6 +12,7 @@ import numpy as np
 from ragstack.error_codes import code_from_http
 from ragstack.reachability import address
 from ragstack.results import ModelInfo, RagstackError
+from ragstack.tls import TlsOptions
 from ragstack.transports import (error_text, generate_error, grpc_error, infer_inputs, json_inputs, model_infos,
                                  split_url, unanswered)
 
@@ -19,18 +20,19 @@ from ragstack.transports import (error_text, generate_error, grpc_error, infer_i
 class AsyncGrpcTransport:
     protocol = "grpc"
 
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str], tls: TlsOptions | None = None):
         # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         import tritonclient.grpc.aio as grpcaio  # noqa: PLC0415
 
         self._module = grpcclient
         self.host, self.port = split_url(url, "grpc")
-        self.timeout_s, self.headers = timeout_s, headers
-        self._client = grpcaio.InferenceServerClient(address(self.host, self.port))
+        self.timeout_s, self.headers, self.tls = timeout_s, headers, tls
+        self._client = grpcaio.InferenceServerClient(address(self.host, self.port),
+                                                     **(tls.grpc_arguments() if tls else {}))
 
     async def _error(self, message: str, status: str | None) -> RagstackError:
-        return await asyncio.to_thread(grpc_error, message, status, self.host, self.port)
+        return await asyncio.to_thread(grpc_error, message, status, self.host, self.port, self.tls)
 
     async def _call(self, coro):
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
@@ -91,20 +93,22 @@ class AsyncGrpcTransport:
 class AsyncHttpTransport:
     protocol = "http"
 
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str], tls: TlsOptions | None = None):
         # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.http as httpclient  # noqa: PLC0415
         import tritonclient.http.aio as httpaio  # noqa: PLC0415
 
         self._module = httpclient
         self.host, self.port = split_url(url, "http")
-        self.timeout_s, self.headers = timeout_s, headers
-        self._client = httpaio.InferenceServerClient(address(self.host, self.port), conn_timeout=timeout_s)
+        self.timeout_s, self.headers, self.tls = timeout_s, headers, tls
+        self._ssl = tls.context() if tls else True   # aiohttp's ssl=: True is its default
+        self._client = httpaio.InferenceServerClient(address(self.host, self.port), conn_timeout=timeout_s,
+                                                     **({"ssl": True, "ssl_context": self._ssl} if tls else {}))
         self._session = None
 
     async def _unanswered(self, exc: Exception) -> RagstackError:
         return await asyncio.to_thread(unanswered, "http", self.host, self.port,
-                                       f"HTTP {address(self.host, self.port)}: {exc}")
+                                       f"HTTP {address(self.host, self.port)}: {exc}", self.tls)
 
     async def _call(self, coro):
         import aiohttp  # noqa: PLC0415
@@ -131,9 +135,10 @@ class AsyncHttpTransport:
             body["parameters"] = parameters
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s))
-        url = f"http://{address(self.host, self.port)}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
+        endpoint = "generate_stream" if stream else "generate"
+        url = f"{'https' if self.tls else 'http'}://{address(self.host, self.port)}/v2/models/{model}/{endpoint}"
         try:
-            async with self._session.post(url, json=body) as response:
+            async with self._session.post(url, json=body, ssl=self._ssl) as response:
                 if response.status != 200:
                     raise generate_error(error_text(await response.read()), response.status)
                 if not stream:

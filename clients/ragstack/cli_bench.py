@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ragstack.cli_common import EXIT_ERROR, EXIT_OK, UsageError, add_connection_arguments, run_reporting
+from ragstack.cli_common import (EXIT_ERROR, EXIT_OK, UsageError, add_connection_arguments, connect, run_reporting,
+                                tls_arguments)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--concurrency {args.concurrency!r}: use numbers like 1,8") from None
         if min(levels) < 1 or args.requests < 1:
             raise UsageError("--concurrency and --requests must be at least 1")
+        connect(args).close()  # the connection options checked (a usage error) before any query
         rows = rag_bench.bench(args.url or default_url(args.protocol), args.protocol, levels, args.requests,
-                               args.max_tokens, args.metrics_url)
+                               args.max_tokens, args.metrics_url, tls=tls_arguments(args))
         print(rag_bench.table(rows))
         failed = [r for r in rows if r["ok"] < r["requests"]]
         for r in failed:

@@ -1,4 +1,4 @@
-"""What the client subcommands share: --url/--protocol, and exit codes scripts can rely on:
+"""What the client subcommands share: --url/--protocol and the TLS options, and exit codes scripts can rely on:
 0 ok, 1 server or request error (RagstackError), 2 usage error. Messages go to stderr."""
 from __future__ import annotations
 
@@ -20,14 +20,32 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                                       "localhost:8000 for HTTP)")
     parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a response")
+    tls = parser.add_argument_group("TLS", "a server behind a TLS-terminating proxy; an https:// or grpcs:// "
+                                           "--url, or any of these options, connects with TLS")
+    tls.add_argument("--ssl", action="store_true", help="connect with TLS")
+    tls.add_argument("--ssl-ca", metavar="FILE", help="PEM certificates of the CAs to trust (default: the "
+                                                      "system's for HTTP, gRPC's bundled roots for gRPC)")
+    tls.add_argument("--ssl-cert", metavar="FILE", help="client certificate (PEM), for a server that asks for one")
+    tls.add_argument("--ssl-key", metavar="FILE", help="the client certificate's key (PEM; default: in --ssl-cert)")
+    tls.add_argument("--insecure", action="store_true",
+                     help="HTTP only: do not check the server's certificate (testing only)")
+
+
+def tls_arguments(args: argparse.Namespace):
+    """The TLS options of the command line: TlsOptions, or None where none is given (the URL decides)."""
+    from ragstack.tls import TlsOptions  # noqa: PLC0415
+
+    if not (args.ssl or args.ssl_ca or args.ssl_cert or args.ssl_key or args.insecure):
+        return None
+    return TlsOptions(ca_file=args.ssl_ca, cert_file=args.ssl_cert, key_file=args.ssl_key, insecure=args.insecure)
 
 
 def connect(args: argparse.Namespace):
     from ragstack.client import RagClient  # noqa: PLC0415
 
     try:
-        return RagClient(args.url, args.protocol, timeout_s=args.timeout)
-    except ValueError as exc:  # a --url (or $RAGSTACK_URL) that is not host:port
+        return RagClient(args.url, args.protocol, timeout_s=args.timeout, tls=tls_arguments(args))
+    except ValueError as exc:  # a --url (or $RAGSTACK_URL) that is not host:port; TLS options that contradict
         raise UsageError(str(exc)) from None
 
 

@@ -11,6 +11,8 @@ checked for an error). Failures raise RagstackError with Triton's status code (`
 Repository calls (models, load, unload) send $RAGSTACK_ADMIN_KEY when it is set, in the header each
 protocol needs (ragstack.admin_key): docker-compose, and `ragstack serve` with the variable set,
 guard the repository API with it.
+TLS (a server behind a TLS-terminating proxy): an https:// or grpcs:// URL, or `tls=` True or
+TlsOptions(ca_file=..., cert_file=..., key_file=..., insecure=...) (ragstack.tls).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from ragstack import admin_key
 from ragstack.results import (Answer, Embeddings, ModelInfo, Passage, RagContext, RagstackError, RankedPassage,
                               parse_sources)
+from ragstack.tls import TlsOptions, resolve as tls_options
 
 EMBED, RERANK, RETRIEVER, RAG_CONTEXT, RAG, LLM = "embed", "rerank", "retriever", "rag_context", "rag", "llm"
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
@@ -187,16 +190,19 @@ def _versioned_config(config: dict, version: int) -> str:
 
 
 class RagClient:
-    """Synchronous client. `url` is host:port (default $RAGSTACK_URL or localhost:8001 / :8000)."""
+    """Synchronous client. `url` is host:port (default $RAGSTACK_URL or localhost:8001 / :8000);
+    `tls`: connect with TLS (True, or ragstack.tls.TlsOptions; also an https:// or grpcs:// URL)."""
 
-    def __init__(self, url: str | None = None, protocol: str = "grpc", timeout_s: float = 120.0):
+    def __init__(self, url: str | None = None, protocol: str = "grpc", timeout_s: float = 120.0,
+                 tls: TlsOptions | bool | None = None):
         from ragstack.transports import GrpcTransport, HttpTransport  # noqa: PLC0415
 
         if protocol not in DEFAULT_PORTS:
             raise ValueError(f"protocol {protocol!r}: use grpc or http")
         self.url, self.protocol = url or default_url(protocol), protocol
+        self.tls = tls_options(self.url, protocol, tls)
         transport = GrpcTransport if protocol == "grpc" else HttpTransport
-        self._t = transport(self.url, timeout_s, admin_key.headers(protocol, admin_key.from_environment()))
+        self._t = transport(self.url, timeout_s, admin_key.headers(protocol, admin_key.from_environment()), self.tls)
 
     def embed(self, texts: list[str]) -> Embeddings:
         return _embeddings(self._t.infer(EMBED, {"text": _bytes(texts)}))
@@ -274,14 +280,16 @@ class AsyncRagClient:
     """RagClient for asyncio: the same methods as coroutines; query/generate return an
     AsyncTextStream (`async for delta in stream`)."""
 
-    def __init__(self, url: str | None = None, protocol: str = "grpc", timeout_s: float = 120.0):
+    def __init__(self, url: str | None = None, protocol: str = "grpc", timeout_s: float = 120.0,
+                 tls: TlsOptions | bool | None = None):
         from ragstack.aio_transports import AsyncGrpcTransport, AsyncHttpTransport  # noqa: PLC0415
 
         if protocol not in DEFAULT_PORTS:
             raise ValueError(f"protocol {protocol!r}: use grpc or http")
         self.url, self.protocol = url or default_url(protocol), protocol
+        self.tls = tls_options(self.url, protocol, tls)
         transport = AsyncGrpcTransport if protocol == "grpc" else AsyncHttpTransport
-        self._t = transport(self.url, timeout_s, admin_key.headers(protocol, admin_key.from_environment()))
+        self._t = transport(self.url, timeout_s, admin_key.headers(protocol, admin_key.from_environment()), self.tls)
 
     async def embed(self, texts: list[str]) -> Embeddings:
         return _embeddings(await self._t.infer(EMBED, {"text": _bytes(texts)}))

@@ -80,13 +80,13 @@ def _one_query(client: RagClient, question: str, max_tokens: int) -> tuple[float
 
 
 def run_level(url: str, protocol: str, concurrency: int, requests: int, max_tokens: int,
-              metrics_url: str) -> dict:
+              metrics_url: str, tls=None) -> dict:
     """`requests` queries from `concurrency` threads, one client (one gRPC channel) each."""
     ttfts, e2es, errors = [], [], []
     lock = threading.Lock()
 
     def worker(w: int) -> None:
-        with RagClient(url, protocol) as client:
+        with RagClient(url, protocol, tls=tls) as client:
             for i in range(w, requests, concurrency):
                 try:
                     ttft, e2e = _one_query(client, QUESTIONS[i % len(QUESTIONS)], max_tokens)
@@ -116,11 +116,12 @@ def run_level(url: str, protocol: str, concurrency: int, requests: int, max_toke
 
 
 def bench(url: str, protocol: str = "grpc", levels=(1, 8), requests: int = 32, max_tokens: int = 64,
-          metrics_url: str = DEFAULT_METRICS_URL) -> list[dict]:
+          metrics_url: str = DEFAULT_METRICS_URL, tls=None) -> list[dict]:
+    """`tls`: as RagClient's (the metrics are scraped as `metrics_url` says)."""
     # One untimed query first: the first request through each model pays for lazy initialisation.
-    with RagClient(url, protocol) as client:
+    with RagClient(url, protocol, tls=tls) as client:
         _one_query(client, QUESTIONS[0], max_tokens)
-    return [run_level(url, protocol, c, requests, max_tokens, metrics_url) for c in levels]
+    return [run_level(url, protocol, c, requests, max_tokens, metrics_url, tls) for c in levels]
 
 
 def table(rows: list[dict]) -> str:

@@ -3,7 +3,8 @@
 Both return outputs as {name: value}: numpy arrays from tensors (gRPC, HTTP infer), JSON values
 from the HTTP generate endpoints; `client.text_of` reads either. Every failure is a RagstackError
 carrying Triton's status code (ragstack.error_codes, also where Triton drops it); a request that no
-server answered is UNAVAILABLE, with the likely cause (ragstack.reachability).
+server answered is UNAVAILABLE, with the likely cause (ragstack.reachability). With TLS options
+(ragstack.tls) both connect with TLS.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ragstack.client import DEFAULT_PORTS
 from ragstack.error_codes import code_from_grpc, code_from_http, code_from_message
 from ragstack.reachability import address, explain
 from ragstack.results import ModelInfo, RagstackError
+from ragstack.tls import TLS_SCHEMES, TlsOptions
 
 _DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
            np.dtype(np.bool_): "BOOL", np.dtype(object): "BYTES"}
@@ -46,31 +48,31 @@ def json_inputs(tensors: dict[str, np.ndarray]) -> dict:
 
 
 def split_url(url: str, protocol: str) -> tuple[str, int]:
-    """The host and port of `url`: host:port, also written http://host:port or grpc://host:port."""
+    """The host and port of `url`: host:port, also written http://host:port or grpc://host:port (https://
+    and grpcs:// ask for TLS, ragstack.tls, and default to port 443)."""
     parts = urlsplit(url if "://" in url else f"//{url}")
-    if parts.scheme in ("https", "grpcs"):
-        raise ValueError(f"{url}: the ragstack client connects without TLS; give the server's own host:port")
-    if parts.scheme not in ("", "http", "grpc") or parts.path not in ("", "/"):
+    if parts.scheme not in ("", "http", "grpc", *TLS_SCHEMES) or parts.path not in ("", "/"):
         raise ValueError(f"{url}: give the server as host:port, e.g. localhost:{DEFAULT_PORTS[protocol]}")
     try:
-        return parts.hostname or "localhost", parts.port or DEFAULT_PORTS[protocol]
+        return parts.hostname or "localhost", parts.port or (443 if parts.scheme in TLS_SCHEMES else
+                                                             DEFAULT_PORTS[protocol])
     except ValueError:  # a port that is not a number
         raise ValueError(f"{url}: the port is not a number; give host:port") from None
 
 
-def unanswered(protocol: str, host: str, port: int, message: str) -> RagstackError:
+def unanswered(protocol: str, host: str, port: int, message: str, tls: TlsOptions | None = None) -> RagstackError:
     """A request to host:port that may have had no server to answer it: the likely cause, or `message`
-    where the port does speak `protocol`."""
-    return RagstackError(explain(protocol, host, port) or message, "UNAVAILABLE")
+    where the port does speak `protocol` (with TLS under `tls`, or without)."""
+    return RagstackError(explain(protocol, host, port, tls=tls) or message, "UNAVAILABLE")
 
 
-def grpc_error(message: str, status: str | None, host: str, port: int) -> RagstackError:
+def grpc_error(message: str, status: str | None, host: str, port: int, tls: TlsOptions | None = None) -> RagstackError:
     """A gRPC failure. Without a status it is an error inside a stream (Triton sends only the message);
     UNAVAILABLE is also what gRPC says when no server answered, which the probe tells apart."""
     if status is None:
         return RagstackError(message, code_from_message(message) or "UNKNOWN")
     code = code_from_grpc(status)
-    return unanswered("grpc", host, port, message) if code == "UNAVAILABLE" else RagstackError(message, code)
+    return unanswered("grpc", host, port, message, tls) if code == "UNAVAILABLE" else RagstackError(message, code)
 
 
 def generate_error(message: str, status: int | None) -> RagstackError:
@@ -87,17 +89,18 @@ def model_infos(index) -> list[ModelInfo]:
 class GrpcTransport:
     protocol = "grpc"
 
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str], tls: TlsOptions | None = None):
         # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.grpc as grpcclient  # noqa: PLC0415 - keep `ragstack --help` fast
 
         self._module = grpcclient
         self.host, self.port = split_url(url, "grpc")
-        self.url, self.timeout_s, self.headers = address(self.host, self.port), timeout_s, headers
-        self._client = grpcclient.InferenceServerClient(self.url)
+        self.url, self.timeout_s, self.headers, self.tls = address(self.host, self.port), timeout_s, headers, tls
+        self._tls_arguments = tls.grpc_arguments() if tls else {}
+        self._client = grpcclient.InferenceServerClient(self.url, **self._tls_arguments)
 
     def _error(self, exc) -> RagstackError:
-        return grpc_error(exc.message(), exc.status(), self.host, self.port)
+        return grpc_error(exc.message(), exc.status(), self.host, self.port, self.tls)
 
     def _call(self, fn, *args, **kwargs):
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
@@ -119,7 +122,7 @@ class GrpcTransport:
         the model's `stream` input decides how many responses come."""
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
-        client = self._module.InferenceServerClient(self.url)  # one stream per client object
+        client = self._module.InferenceServerClient(self.url, **self._tls_arguments)  # one stream per client object
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
@@ -169,15 +172,15 @@ class GrpcTransport:
 class HttpTransport:
     protocol = "http"
 
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str], tls: TlsOptions | None = None):
         # `headers` go with repository calls only (the admin key guards the repository API)
         import tritonclient.http as httpclient  # noqa: PLC0415
 
         self._module = httpclient
         self.host, self.port = split_url(url, "http")
-        self.timeout_s, self.headers = timeout_s, headers
+        self.timeout_s, self.headers, self.tls = timeout_s, headers, tls
         self._client = httpclient.InferenceServerClient(address(self.host, self.port), connection_timeout=timeout_s,
-                                                        network_timeout=timeout_s)
+                                                        network_timeout=timeout_s, **http_tls_arguments(tls))
 
     def _call(self, fn, *args, **kwargs):
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
@@ -187,7 +190,10 @@ class HttpTransport:
         except InferenceServerException as exc:
             raise RagstackError(exc.message(), code_from_http(exc.status())) from None
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, not HTTP: no answer
-            raise unanswered("http", self.host, self.port, f"HTTP {address(self.host, self.port)}: {exc}") from None
+            raise self._unanswered(exc) from None
+
+    def _unanswered(self, exc: Exception) -> RagstackError:
+        return unanswered("http", self.host, self.port, f"HTTP {address(self.host, self.port)}: {exc}", self.tls)
 
     def infer(self, model: str, tensors: dict[str, np.ndarray], version: str = "") -> dict[str, np.ndarray]:
         result = self._call(self._client.infer, model, infer_inputs(self._module, tensors),
@@ -203,14 +209,15 @@ class HttpTransport:
         if parameters:
             body["parameters"] = parameters
         endpoint = "generate_stream" if stream else "generate"
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        conn = (http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout_s, context=self.tls.context())
+                if self.tls else http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s))
         try:
             try:
                 conn.request("POST", f"/v2/models/{model}/{endpoint}", body=json.dumps(body),
                              headers={"Content-Type": "application/json"})
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                raise unanswered("http", self.host, self.port, f"HTTP {address(self.host, self.port)}: {exc}") from None
+                raise self._unanswered(exc) from None
             if response.status != 200:
                 raise generate_error(error_text(response.read()), response.status)
             if not stream:
@@ -241,6 +248,16 @@ class HttpTransport:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._client.close()
+
+
+def http_tls_arguments(tls: TlsOptions | None) -> dict:
+    """tritonclient.http's InferenceServerClient keywords for `tls`: geventhttpclient's context is
+    built by ours (its own `insecure` still checks the certificate, only not the host name)."""
+    if tls is None:
+        return {}
+    import gevent.ssl  # noqa: PLC0415 - tritonclient.http's own dependency
+
+    return {"ssl": True, "insecure": tls.insecure, "ssl_context_factory": lambda **_: tls.context(gevent.ssl)}
 
 
 def _lines(response: http.client.HTTPResponse, host: str, port: int) -> Iterator[bytes]:

@@ -129,10 +129,10 @@ def test_a_closed_port(capsys, command, protocol):
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_a_port_that_expects_tls(capsys, tls_port, command, protocol):
-    name = {"grpc": "gRPC", "http": "HTTP"}[protocol]
-    assert one_line_error(capsys, command, f"127.0.0.1:{tls_port}", protocol).startswith(
-        f"127.0.0.1:{tls_port} expects TLS, and the ragstack client connects without it — use the server's own "
-        f"{name} port")
+    where, scheme = f"127.0.0.1:{tls_port}", {"grpc": "grpcs", "http": "https"}[protocol]
+    assert one_line_error(capsys, command, where, protocol).startswith(
+        f"{where} expects TLS, and the client connects without it — connect with TLS: {scheme}://{where} in "
+        "--url (or $RAGSTACK_URL) (or --ssl), with --ssl-ca FILE when a private CA signed its certificate")
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -141,10 +141,11 @@ def test_a_host_that_does_not_resolve(capsys, protocol):
     assert message.startswith("cannot resolve the host 'no-such-host.invalid'") and "check the host name" in message
 
 
-def test_a_tls_url_is_a_usage_error(capsys):
-    code, _, err = run(capsys, "models", "list", "--url", "https://localhost:8000")
-    assert code == 2 and err == ("ragstack models: https://localhost:8000: the ragstack client connects without "
-                                 "TLS; give the server's own host:port\n")
+def test_a_self_signed_certificate_is_not_accepted(capsys, tls_port):
+    """TLS asked for (tests/server/test_client_tls.py has the rest) to a certificate nobody signed."""
+    where = f"127.0.0.1:{tls_port}"
+    assert one_line_error(capsys, ("models", "list"), f"https://{where}", "http").startswith(
+        f"the TLS certificate of {where} is not accepted (self-signed certificate) — give the CA that signed it")
 
 
 def test_the_probe_leaves_a_servers_own_errors_alone(server):

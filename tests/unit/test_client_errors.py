@@ -11,6 +11,7 @@ import pytest
 from ragstack.error_codes import code_from_grpc, code_from_http, code_from_message
 from ragstack.reachability import address
 from ragstack.results import ModelInfo
+from ragstack.tls import TlsOptions, resolve
 from ragstack.transports import split_url
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -135,14 +136,14 @@ def test_a_failed_loads_reason_in_one_line(reason, short):
     ("http://10.0.0.5:9000", "http", ("10.0.0.5", 9000)),
     ("grpc://10.0.0.5:9001/", "grpc", ("10.0.0.5", 9001)),
     ("[::1]:8001", "grpc", ("::1", 8001)),
+    ("https://example.org", "http", ("example.org", 443)),
+    ("grpcs://example.org:443", "grpc", ("example.org", 443)),
 ])
 def test_urls(url, protocol, host_port):
     assert split_url(url, protocol) == host_port
 
 
 @pytest.mark.parametrize("url, says", [
-    ("https://example.org", "connects without TLS"),
-    ("grpcs://example.org:443", "connects without TLS"),
     ("localhost:80x", "the port is not a number"),
     ("http://localhost:8000/v2", "give the server as host:port"),
     ("ftp://localhost", "give the server as host:port"),
@@ -150,6 +151,34 @@ def test_urls(url, protocol, host_port):
 def test_urls_refused(url, says):
     with pytest.raises(ValueError, match=says):
         split_url(url, "http")
+
+
+@pytest.mark.parametrize("url, protocol, tls, resolved", [
+    ("localhost:8001", "grpc", None, None),
+    ("grpc://localhost:8001", "grpc", None, None),
+    ("grpcs://localhost", "grpc", None, TlsOptions()),
+    ("https://localhost", "http", None, TlsOptions()),
+    ("localhost:8000", "http", True, TlsOptions()),
+    ("localhost:8000", "http", TlsOptions(insecure=True), TlsOptions(insecure=True)),
+    ("https://localhost", "http", TlsOptions(insecure=True), TlsOptions(insecure=True)),
+    ("localhost:8000", "http", False, None),
+])
+def test_when_tls_is_used(url, protocol, tls, resolved):
+    assert resolve(url, protocol, tls) == resolved
+
+
+@pytest.mark.parametrize("url, protocol, tls, says", [
+    ("https://localhost", "http", False, "the URL asks for TLS and tls=False"),
+    ("http://localhost", "http", True, "a http:// URL connects without TLS; write https://"),
+    ("grpc://localhost", "grpc", TlsOptions(), "write grpcs://"),
+    ("localhost", "grpc", TlsOptions(insecure=True), "gRPC cannot skip the check"),
+    ("localhost", "http", TlsOptions(insecure=True, ca_file=__file__), "give one or the other"),
+    ("localhost", "http", TlsOptions(key_file=__file__), "needs its certificate"),
+    ("localhost", "http", TlsOptions(ca_file="/no/ca.pem"), "TLS CA file /no/ca.pem: no such file"),
+])
+def test_tls_settings_refused(url, protocol, tls, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        resolve(url, protocol, tls)
 
 
 def test_addresses():
