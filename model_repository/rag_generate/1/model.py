@@ -138,7 +138,8 @@ class TritonPythonModel:
         parameters = {**json.loads(request.parameters() or "{}"), CANCEL_KEY: relay.key, ERRORS_IN_BAND: True}
         counts = [output for flag, output in COUNTS.items() if _flag(request, flag)]
         llm_request = pb_utils.InferenceRequest(
-            model_name=self.llm, inputs=inputs, requested_output_names=["text_output", "finish_reason", "error", *counts],
+            model_name=self.llm, inputs=inputs,
+            requested_output_names=["text_output", "finish_reason", "error", *counts],
             parameters=parameters)
 
         first, answer = True, []
