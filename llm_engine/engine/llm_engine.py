@@ -198,23 +198,29 @@ class LLMEngine:
         sampled_ids = prev.result.ids if overlap and prev.result is not None else None
         batch = self.scheduler.schedule()
         failure = None
+        early: list[RequestDelta] = []
         if batch.seqs:
             self._account_scheduled(batch)
             try:
                 logits = self.model_runner.execute(batch, sampled_ids)
+                grammars = None
                 if overlap and self._guided(batch):
                     # The masks follow the tokens of the step in flight: wait for them while the
-                    # device runs this step's forward pass, then sample.
+                    # device runs this step's forward pass, detokenize them (the host's other work of
+                    # the step, done before the sampling rather than after it, while the device has
+                    # the forward pass to run), then fill the masks and sample.
                     done, overlap = self._complete(prev, advanced=True), False
                     self._num_async_steps += sampled_ids is not None
-                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids))
+                    grammars = self._grammars_of(batch)  # before _emit lets go of finished requests
+                    early, done = self._emit(done), []
+                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids, grammars))
             except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
                 logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
                 failure = exc
         if overlap:
             self._num_async_steps += self._in_flight is not None and sampled_ids is not None
             done = self._complete(prev, advanced=True)
-        deltas = self._emit(done)
+        deltas = early + self._emit(done)
         if failure is not None:
             deltas += [self._fail(seq, failure) for seq in batch.seqs if not seq.is_finished]
         return deltas
@@ -228,16 +234,21 @@ class LLMEngine:
             if n > 1 or seq.num_output_tokens == 0:
                 self._num_prompt_tokens += n
 
-    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sampled_ids: torch.Tensor | None):
-        """Queue the sampling of the batch's sampled rows (with their grammars' masks); `sampled_ids`
-        (on the device) are the tokens the batch's placeholders stand for."""
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sampled_ids: torch.Tensor | None,
+                grammars: list[RequestGrammar | None] | None = None):
+        """Queue the sampling of the batch's sampled rows (with their grammars' masks: `grammars`, one per
+        sampled row, or those of the requests now); `sampled_ids` (on the device) are the tokens the
+        batch's placeholders stand for."""
         sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
         if not sampled:
             return None
         masks = None
         if self._grammars is not None:
-            masks = self._grammars.masks([self._requests[s.request_id].grammar for s in sampled])
+            masks = self._grammars.masks(self._grammars_of(batch) if grammars is None else grammars)
         return self.sampler(logits, sampled, sampled_ids, bitmask=masks)
+
+    def _grammars_of(self, batch: ScheduledBatch) -> list[RequestGrammar | None]:
+        return [self._requests[s.request_id].grammar for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
 
     def _guided(self, batch: ScheduledBatch) -> bool:
         return self._grammars is not None and any(
