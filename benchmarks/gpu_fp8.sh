@@ -12,6 +12,10 @@
 # 4. FP8 against bf16 on the 8B shape: logits' relative error, teacher-forced and greedy agreement;
 # 5. the FP8 tests on the GPU (kernels against their references, the FP8 model's W8A8 function with
 #    CUDA graphs), in the time left.
+# `bash benchmarks/gpu_fp8.sh kv` runs instead the FP8 KV study of workload (c) (8 x 16k prompts, where FP8 KV
+# ran slower than bf16 KV): the engine on (c) with bf16 KV, FP8 KV, and FP8 KV with prefill chunks of at
+# least 1024 tokens dequantized to a bf16 scratch cache first (launch config dequantize_min_tokens), and the
+# prefill kernels alone (8k, 8k FP8, the 8k-of-16k chunk three ways), also within 8 minutes.
 # Each step has its own time limit within the 470 s budget; a step that fails or times out is
 # reported and the next runs. $OUT (the device tool's folder, which returns at most 8 files; else
 # /tmp/fp8_out) gets seven: steps.log (the GPU, each step's exit and time, the end of a failed step's
@@ -48,6 +52,19 @@ step() {  # step NAME LOG_DIR MAX_SECONDS command...: within MAX_SECONDS and wha
 
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv >>"$OUT/steps.log" 2>&1
 step make_model "$LOGS" 60 "$PY" -m benchmarks.make_random_model --shape llama3-8b --out "$MODEL"
+if [ "${1:-fp8}" = kv ]; then
+    step kernels "$OUT" 120 "$PY" -m benchmarks.bench_kernels --cases prefill_8k,prefill_8k_fp8,prefill_16k_chunk \
+        --record "$OUT/kernels.jsonl"
+    step engine "$OUT" 260 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads c --no-hf \
+        --engine '{}' --engine '{"kv_cache_dtype": "fp8_e4m3"}' \
+        --engine '{"kv_cache_dtype": "fp8_e4m3", "launch_params": {"paged_prefill_attention": {"dequantize_min_tokens": 1024}}}' \
+        --record "$OUT/engine.jsonl"
+    echo "===== kernels"; grep -E "^\| prefill|^limits" "$OUT/kernels.log" | cut -c1-190
+    echo "===== engine"; grep -E "^\|" "$OUT/engine.log" | cut -c1-300
+    echo "===== steps"; cat "$OUT/steps.log"
+    echo "total $(($(date +%s) - START)) s"
+    exit 0
+fi
 step engine "$OUT" 230 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a,b --no-hf \
     --engine '{}' --engine '{"quantization": "fp8"}' \
     --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' \

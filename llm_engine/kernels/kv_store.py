@@ -3,7 +3,8 @@ the fused rotary + KV-cache-write kernel (rotary_kv_cache.py) uses.
 
 Layout per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim];
 token slot = block_id * block_size + offset. FP8 (e4m3fn) caches carry float32 scales
-[num_blocks, block_size, num_kv_heads], one per (token, kv head).
+[num_blocks, block_size, num_kv_heads], one per (token, kv head). dequantize_kv_blocks copies the FP8
+blocks a batch of sequences reads into a 16-bit scratch cache (prefill_attention.py's large chunks).
 """
 from __future__ import annotations
 
@@ -140,6 +141,102 @@ def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_he
                  mask=head_mask)
     tl.store(dst, x1.to(cache_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + HALF_DIM, x2.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_kv_blocks_ref(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FP8 blocks each sequence's context reads, dequantized into a scratch cache of `dtype`:
+    (k, v [B * W, block_size, Hkv, D], block tables [B, W] int32 numbering them in order), W the
+    tables' width. Blocks past a sequence's context are left unwritten (nothing reads them)."""
+    check_dequantize_args(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens)
+    batch, width = block_tables.shape
+    block_size = k_cache.shape[1]
+    used = torch.arange(width, device=block_tables.device)[None, :] * block_size < context_lens[:, None].long()
+    blocks = block_tables.long()[used]
+    outs = []
+    for cache, scale in ((k_cache, k_scale), (v_cache, v_scale)):
+        out = torch.empty((batch * width, *cache.shape[1:]), dtype=dtype, device=cache.device)
+        raw = cache.view(torch.uint8)[blocks].view(cache.dtype)  # index_select has no float8 kernel everywhere
+        out[used.flatten()] = dequantize_fp8_cache_ref(raw, scale[blocks]).to(dtype)
+        outs.append(out)
+    tables = torch.arange(batch * width, dtype=torch.int32, device=block_tables.device).view(batch, width)
+    return outs[0], outs[1], tables
+
+
+@triton.jit(do_not_specialize=["width"])
+def _dequantize_blocks_kernel(
+    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr, k_out_ptr, v_out_ptr,
+    stride_bt, width, num_kv_heads,
+    PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+):
+    """One block of one sequence per program: its (token, kv head) rows of K, then of V, times their scales."""
+    seq = tl.program_id(0)
+    j = tl.program_id(1)
+    if j * PAGE_SIZE < tl.load(context_lens_ptr + seq):
+        block = tl.load(block_tables_ptr + seq * stride_bt + j).to(tl.int64)
+        rows = tl.arange(0, BLOCK_ROWS)  # token * num_kv_heads + head, as the block stores them
+        row_mask = rows < PAGE_SIZE * num_kv_heads
+        offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        src = block * PAGE_SIZE * num_kv_heads * HEAD_DIM + offsets
+        dst = (seq * width + j).to(tl.int64) * PAGE_SIZE * num_kv_heads * HEAD_DIM + offsets
+        # Scales are [block, kv head, offset]: row (token t, head h) has scale h * PAGE_SIZE + t.
+        scale_offsets = block * num_kv_heads * PAGE_SIZE + (rows % num_kv_heads) * PAGE_SIZE + rows // num_kv_heads
+        k = tl.load(k_cache_ptr + src, mask=row_mask[:, None], other=0.0).to(tl.float32)
+        k_scale = tl.load(k_scale_ptr + scale_offsets, mask=row_mask, other=0.0)
+        tl.store(k_out_ptr + dst, (k * k_scale[:, None]).to(k_out_ptr.dtype.element_ty), mask=row_mask[:, None])
+        v = tl.load(v_cache_ptr + src, mask=row_mask[:, None], other=0.0).to(tl.float32)
+        v_scale = tl.load(v_scale_ptr + scale_offsets, mask=row_mask, other=0.0)
+        tl.store(v_out_ptr + dst, (v * v_scale[:, None]).to(v_out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def dequantize_kv_blocks(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dequantize_kv_blocks_ref in one launch (a program per table entry; those past the context exit)."""
+    check_dequantize_args(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens)
+    batch, width = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    k_out = torch.empty((batch * width, block_size, num_kv_heads, head_dim), dtype=dtype, device=k_cache.device)
+    v_out = torch.empty_like(k_out)
+    tables = torch.arange(batch * width, dtype=torch.int32, device=block_tables.device).view(batch, width)
+    if batch and width:
+        _dequantize_blocks_kernel[(batch, width)](
+            k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, k_out, v_out,
+            block_tables.stride(0), width, num_kv_heads,
+            PAGE_SIZE=block_size,
+            HEAD_DIM=head_dim,
+            BLOCK_ROWS=triton.next_power_of_2(block_size * num_kv_heads),
+            num_warps=4,
+        )
+    return k_out, v_out, tables
+
+
+def check_dequantize_args(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) -> None:
+    expect_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    expect_shape("v_cache", v_cache, k_cache.shape)
+    expect_dtype("k_cache", k_cache, (torch.float8_e4m3fn,))
+    expect_dtype("v_cache", v_cache, (torch.float8_e4m3fn,))
+    expect_kv_scales(k_cache, k_scale, v_scale)
+    expect_ndim("block_tables", block_tables, 2, "[batch, max_blocks_per_seq]")
+    expect_shape("context_lens", context_lens, (block_tables.shape[0],))
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    expect_last_dim_contiguous("block_tables", block_tables)
 
 
 def check_write_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:

@@ -2,6 +2,14 @@
 
 Sequence b's queries are the last cu_seqlens_q[b+1] - cu_seqlens_q[b] positions of its
 context_lens[b] tokens, so full prefill, chunked prefill and prefix-cache hits are one case.
+
+FP8 KV: the kernel reads e4m3 tiles, widens them in registers and runs its dots in fp16 (its own
+launch config entry; on the H200 1.42x bf16's time at 1 x 8192, docs/benchmarks-journal.md: the
+widened tiles go back through shared memory for the tensor cores, and the tiles are smaller to fit).
+A call of at least `dequantize_min_tokens` query tokens (launch config; null: never) instead copies
+the blocks its sequences read into a bf16 scratch cache first (kv_store.dequantize_kv_blocks: each
+block read once, written once) and runs the bf16 kernel on it, which pays when each KV tile is read
+by many query tiles, as in a long prompt's chunks (workload (c)).
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ from llm_engine.kernels._validate import (
     expect_shape,
     output_like,
 )
+from llm_engine.kernels.kv_store import dequantize_kv_blocks
 from llm_engine.kernels.launch_config import interpreting, launch_params
 
 LOG2_E = 1.4426950408889634
@@ -154,6 +163,11 @@ def paged_prefill_attention(
     params = launch_params("paged_prefill_attention", q.device, q.dtype, k_cache.dtype)
     block_m = params["BLOCK_M"]
     is_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    threshold = params["dequantize_min_tokens"]
+    if is_fp8 and threshold is not None and num_tokens >= threshold:
+        k_cache, v_cache, block_tables = dequantize_kv_blocks(k_cache, v_cache, k_scale, v_scale, block_tables,
+                                                              context_lens, q.dtype)
+        return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out=out)
     # Each sequence wastes at most one partial tile; programs past the real tiles exit at once.
     max_tiles = triton.cdiv(num_tokens, block_m) + batch
     _prefill_kernel[(max_tiles, num_q_heads)](

@@ -23,6 +23,7 @@ from llm_engine.config import EngineConfig
 from llm_engine.core.scheduled_batch import ScheduledBatch
 from llm_engine.core.sequence import Sequence
 from llm_engine.kernels.fp8_gemm import warm_up_fp8_linear
+from llm_engine.kernels.launch_config import launch_params, override_launch_params
 from llm_engine.kernels.prefill_attention import MIN_BATCH_BUCKET
 from llm_engine.model.layers.attention import AttentionMetadata
 from llm_engine.model.loader import load_model
@@ -190,11 +191,21 @@ class ModelRunner:
         # small-batch projections' single-row and multi-row variants, where the launch config enables them.
         self._dummy_run([(min(max_len, SPLIT_WARMUP_CONTEXT), 1)])
         self._dummy_run([(short, 1)] * min(2, cfg.max_num_seqs))
-        # Prefill batches of up to MIN_BATCH_BUCKET, then each doubling, share a variant.
-        max_batch, batch = min(cfg.max_num_seqs, budget // short), MIN_BATCH_BUCKET
-        while batch < max_batch:
-            batch = min(2 * batch, max_batch)
-            self._dummy_run([(short, short)] * batch)
+        # Prefill batches of up to MIN_BATCH_BUCKET, then each doubling, share a variant; with FP8 KV and a
+        # dequantize_min_tokens in the launch config, each also has its variant on a bf16 scratch cache.
+        max_batch = min(cfg.max_num_seqs, budget // short)
+        modes = [{}]
+        if cfg.kv_cache_torch_dtype == torch.float8_e4m3fn and launch_params(
+                "paged_prefill_attention", self.device, cfg.torch_dtype, cfg.kv_cache_torch_dtype
+        )["dequantize_min_tokens"] is not None:
+            modes = [{"dequantize_min_tokens": None}, {"dequantize_min_tokens": 0}]
+        for mode in modes:
+            with override_launch_params("paged_prefill_attention", **mode):
+                self._dummy_run([(short, short)])
+                batch = MIN_BATCH_BUCKET
+                while batch < max_batch:
+                    batch = min(2 * batch, max_batch)
+                    self._dummy_run([(short, short)] * batch)
         # FP8 projections: each row bucket of the GEMM's launch config may have its own tiles.
         fp8 = [(m.weight, m.input_scale) for m in self.model.modules() if getattr(m, "weight_scale", None) is not None]
         if fp8:

@@ -8,6 +8,7 @@ from paged_kv_cases import FP8, GQA, assert_close, make_paged_kv, randn
 from tiers import FLOAT32_IN_FULL_RUN
 
 from llm_engine.kernels import (
+    gather_kv_ref,
     paged_decode_attention,
     paged_decode_attention_ref,
     paged_prefill_attention,
@@ -15,6 +16,8 @@ from llm_engine.kernels import (
     rotary_and_write_kv,
     rotary_and_write_kv_ref,
 )
+from llm_engine.kernels.kv_store import dequantize_kv_blocks, dequantize_kv_blocks_ref
+from llm_engine.kernels.launch_config import override_launch_params
 from llm_engine.model.layers.rotary_embedding import compute_cos_sin_cache
 
 # --- paged prefill attention ------------------------------------------------------------------
@@ -51,6 +54,40 @@ def test_prefill_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, h
     cu = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.context_lens, head_dim**-0.5, kv.k_scale, kv.v_scale)
     assert_close(paged_prefill_attention(*args), paged_prefill_attention_ref(*args), torch.bfloat16)
+
+
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (8, 2)])
+def test_prefill_fp8_cache_dequantized_first_matches_ref(gen, device, num_q_heads, num_kv_heads):
+    """Past the launch config's dequantize_min_tokens, FP8 blocks go to a bf16 scratch cache and the bf16
+    kernel runs on it: the same function within bf16's tolerance."""
+    context_lens, query_lens = PREFILL_CASES[2]
+    kv = make_paged_kv(gen, device, context_lens, num_kv_heads, 64, FP8)
+    q = randn(gen, sum(query_lens), num_q_heads, 64, dtype=torch.bfloat16, device=device)
+    cu = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.context_lens, 64**-0.5, kv.k_scale, kv.v_scale)
+    with override_launch_params("paged_prefill_attention", dequantize_min_tokens=sum(query_lens)):
+        out = paged_prefill_attention(*args)
+    assert_close(out, paged_prefill_attention_ref(*args), torch.bfloat16)
+
+
+def test_dequantize_kv_blocks_matches_ref(gen, device):
+    """The scratch cache holds each sequence's context blocks in order (what its new table numbers), each
+    value its e4m3 value times its (token, head) scale, rounded once to bf16."""
+    context_lens = [1, 16, 33, 0]
+    kv = make_paged_kv(gen, device, context_lens, 2, 32, FP8)
+    args = (kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, kv.block_tables, kv.context_lens, torch.bfloat16)
+    k, v, tables = dequantize_kv_blocks(*args)
+    k_ref, v_ref, tables_ref = dequantize_kv_blocks_ref(*args)
+    assert torch.equal(tables, tables_ref) and k.shape == k_ref.shape == (4 * kv.block_tables.shape[1], 16, 2, 32)
+    for b, n in enumerate(context_lens):
+        for got, ref, cache, scale in ((k, k_ref, kv.k_cache, kv.k_scale), (v, v_ref, kv.v_cache, kv.v_scale)):
+            if n == 0:
+                continue
+            expected = gather_kv_ref(cache, scale, kv.block_tables[b], n)
+            actual = gather_kv_ref(got, None, tables[b], n)
+            torch.testing.assert_close(gather_kv_ref(ref, None, tables_ref[b], n), expected, atol=0, rtol=2**-8)
+            # One bf16 step: the interpreter truncates where torch rounds.
+            torch.testing.assert_close(actual, expected, atol=0, rtol=2**-7)
 
 
 def test_prefill_other_block_size(gen, device):
