@@ -3,7 +3,10 @@
 a [M, K] e4m3 (activations quantized per token, fp8_quant.py), b [N, K] e4m3 (a weight quantized per
 output channel: the nn.Linear layout, K contiguous, which is what the tensor cores' FP8 operands want),
 float32 scales, a bf16/fp16/fp32 output. The Triton kernel runs tl.dot on the e4m3 tiles (the FP8 tensor
-cores on Hopper), accumulates in float32 and applies both scales and the bias in the epilogue.
+cores on Hopper), accumulates in float32 and applies both scales and the bias in the epilogue. On Hopper
+the FP8 tensor cores keep fewer bits while they add (cuBLAS's "fast accumulation"); launch config
+`max_num_imprecise_acc` (null: Triton's default, which never promotes there) moves the sum into float32
+every that many of K, as `fast_accum` false does for torch._scaled_mm.
 
 `fp8_linear` is what a quantized projection calls: quantize x per token (or with a static input
 scale), then the GEMM by the backend that the launch config's row bucket names ("m<=R" entries of
@@ -67,6 +70,7 @@ def _fp8_gemm_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    MAX_IMPRECISE_ACC: tl.constexpr,
 ):
     # Programs in groups of GROUP_M row tiles sweep the column tiles together, so a group's b tiles
     # are read from HBM once and from L2 by the rest.
@@ -98,8 +102,8 @@ def _fp8_gemm_kernel(
             b = tl.load(b_ptrs, mask=(k_start + ks)[:, None] < K, other=0.0)
         if UPCAST_DOT:  # the interpreter: float32 products of the e4m3 values (exact)
             acc += tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        else:  # Hopper's FP8 tensor cores add with fewer bits unless promoted every MAX_IMPRECISE_ACC of K
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
@@ -144,6 +148,7 @@ def fp8_gemm(
         EVEN_K=k % block_k == 0,
         HAS_BIAS=bias is not None,
         UPCAST_DOT=interpreting(),
+        MAX_IMPRECISE_ACC=params.get("max_num_imprecise_acc"),
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
     )

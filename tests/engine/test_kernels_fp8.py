@@ -116,6 +116,20 @@ def test_fp8_gemm_matches_ref(gen, device, out_dtype, m, n, k, with_bias):
     torch.testing.assert_close(out.float(), expected.float(), **GEMM_TOLERANCE[out_dtype])
 
 
+@pytest.mark.parametrize("m", [1, 64, 300])
+@pytest.mark.parametrize("imprecise", [None, 128])
+def test_fp8_gemm_with_configured_tiles_matches_ref(gen, device, m, imprecise):
+    """The launch config's tiles for M rows (on a Hopper GPU from 64 rows the FP8 tensor cores, whose adds
+    keep fewer bits unless promoted to float32 every `max_num_imprecise_acc` of K: a bf16 output's tolerance)."""
+    n, k = 256, 1024
+    a, a_scale = quantize_fp8_per_token_ref(randn(gen, m, k, device=device))
+    b, b_scale = quantize_fp8_weight_ref(randn(gen, n, k, device=device) / k**0.5)
+    with override_launch_params("fp8_gemm", max_num_imprecise_acc=imprecise):
+        out = fp8_gemm(a, a_scale, b, b_scale, out_dtype=torch.float32)
+    torch.testing.assert_close(out, fp8_gemm_ref(a, a_scale, b, b_scale, out_dtype=torch.float32),
+                               **GEMM_TOLERANCE[torch.bfloat16 if device.type == "cuda" else torch.float32])
+
+
 def test_fp8_gemm_ref_is_the_dequantized_product(gen):
     """The reference itself, against float64 on the dequantized operands."""
     a, a_scale = quantize_fp8_per_token_ref(randn(gen, 9, 64))
@@ -150,8 +164,9 @@ def test_fp8_linear_stays_close_to_the_unquantized_product(gen, device):
     assert ((out.double() - exact).norm() / exact.norm()) < 0.05
 
 
-def test_row_buckets_pick_the_smallest_that_holds_the_rows(device):
-    """default.json's fp8_gemm: "m<=16" and "m<=32" buckets over the default tiles."""
+def test_row_buckets_pick_the_smallest_that_holds_the_rows():
+    """default.json's fp8_gemm (a CPU's, whatever the GPU): "m<=16" and "m<=32" buckets over the default tiles."""
+    device = torch.device("cpu")
     assert launch_params_for_rows("fp8_gemm", device, 1)["BLOCK_M"] == 16
     assert launch_params_for_rows("fp8_gemm", device, 16)["BLOCK_M"] == 16
     assert launch_params_for_rows("fp8_gemm", device, 17)["BLOCK_M"] == 32
