@@ -394,7 +394,7 @@ def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     io_bytes = sum(2 * rows * (n + k) for n, k in shapes)
     bf16_bytes = io_bytes + sum(2 * n * k for n, k in shapes)
     fp8_bytes = io_bytes + sum(n * k + 4 * n for n, k in shapes)
-    shape = f"M={rows}; qkv, o, gate_up, down of hidden {s.hidden}, MLP {s.gate_up // 2}"
+    shape = f"M={rows}, hidden {s.hidden}, MLP {s.gate_up // 2}"
     linear = torch.nn.functional.linear
     bf16_expected = [(x.float() @ w.float().T) for x, w in zip(xs, weights)]
     fp8_expected = [K.fp8_linear_ref(x, q, scale) for x, (q, scale) in zip(xs, quantized)]
