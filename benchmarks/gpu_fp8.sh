@@ -79,7 +79,7 @@ step accuracy "$LOGS" 60 "$PY" -m benchmarks.fp8_accuracy --model "$MODEL" --pro
 echo "===== tests"; tail -n 12 "$OUT/tests.log" 2>/dev/null
 echo "===== accuracy"; cat "$OUT/accuracy.json" 2>/dev/null | tr -d '\n' | cut -c1-900; echo
 echo "===== kernels"; grep -E "^\| (layer|prefill chunk)|^limits|^fp8_gemm row buckets" "$OUT/kernels.log" 2>/dev/null \
-    | sed 's/ | - | - |/ |/' | cut -c1-220
+    | cut -c1-230
 echo "===== engine"; grep -E "^\|" "$OUT/engine.log" 2>/dev/null | cut -c1-250
 grep -E "roofline" "$OUT/engine.log" 2>/dev/null | tr ';' '\n'
 echo "===== steps"; cat "$OUT/steps.log"
