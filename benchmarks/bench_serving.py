@@ -3,6 +3,10 @@ model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, 
 server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
 by side in one run. With --api openai: through the OpenAI frontend (streamed completions with the
 official `openai` client) and to Triton's gRPC directly, on the same server, at each concurrency.
+With --instances 1,4,8: the llm served with each count of instances (stubs sending responses, in front
+of one engine process: docs/llm_model.md, "Response instances"), one server after the other, each
+system named `triton xK` (`triton` for one), all against the same in-process run, and each checked
+against issue 24's targets (tok/s >= 98% of in-process; TTFT and ITL p50/p99 within 1.15x or +2 ms).
 
 The script writes a temporary model repository whose `llm` runs --model with the given engine
 settings, starts the server with the launcher, sends N requests at each concurrency, stops it;
@@ -12,6 +16,7 @@ inter-token p50/p99 (the baseline answers once per request: its TTFT is the whol
 
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --api openai
+    python -m benchmarks.bench_serving --model /tmp/llama3-8b --concurrency 1,16,64,256 --instances 1,4,8
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ HF_BASELINE = Path(__file__).resolve().parent / "serving_baselines" / "hf_genera
 HF_SYSTEM = "hf-generate (triton)"
 OPENAI_SYSTEM = "openai frontend"
 TARGET_SPEEDUP = 2.6  # issue 7: the published vLLM-over-Triton-PyTorch throughput gap
+# Issue 24: through Triton against in-process, same run.
+TARGET_TOK_S_SHARE = 0.98
+TARGET_LATENCY_RATIO, TARGET_LATENCY_SLACK_MS = 1.15, 2.0
 
 
 @dataclass
@@ -172,11 +180,21 @@ def table_row(r: dict) -> dict:
                for q in ("p50", "p99")}}
 
 
-def write_repository(dest: Path, model: str, settings: dict) -> None:
-    """The project's llm config, its engine settings replaced by this run's (engine.json wins)."""
+def triton_system(instances: int) -> str:
+    return "triton" if instances == 1 else f"triton x{instances}"
+
+
+def write_repository(dest: Path, model: str, settings: dict, instances: int = 1) -> None:
+    """The project's llm config with `instances` instances, its engine settings replaced by this run's
+    (engine.json wins)."""
     llm = dest / "llm"
     (llm / "1").mkdir(parents=True)
-    shutil.copy(ROOT / "model_repository" / "llm" / "config.pbtxt", llm / "config.pbtxt")
+    config = (ROOT / "model_repository" / "llm" / "config.pbtxt").read_text()
+    group = "instance_group [ { kind: KIND_MODEL, count: 1 } ]"
+    if group not in config:
+        raise SystemExit(f"model_repository/llm/config.pbtxt has no line {group!r} to set the instances in")
+    counted = f"instance_group [ {{ kind: KIND_MODEL, count: {instances} }} ]"
+    (llm / "config.pbtxt").write_text(config.replace(group, counted))
     (llm / "1" / "engine.json").write_text(json.dumps({"model": str(Path(model).resolve()), **settings}))
 
 
@@ -191,7 +209,7 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
 
 
 def serve(write, model: str, system: str, requests, levels: list[int], counts: list[int],
-          batched: bool = False, openai: bool = False) -> list[dict]:
+          batched: bool = False, openai: bool = False, openai_system: str = OPENAI_SYSTEM) -> list[dict]:
     """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
     count of the requests (the first ones), then stop. `openai`: the server's OpenAI frontend too, each
     concurrency's requests through it right after they went to gRPC directly."""
@@ -213,30 +231,51 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
                                                                          batched))))
                 print(rows[-1], flush=True)
                 if openai:
-                    rows.append(summarize(OPENAI_SYSTEM, c, *asyncio.run(run_openai(server.openai_url, requests[:n],
+                    rows.append(summarize(openai_system, c, *asyncio.run(run_openai(server.openai_url, requests[:n],
                                                                                     c, model))))
                     print(rows[-1], flush=True)
     return rows
 
 
+def within_target(through: float, alone: float) -> bool:
+    """Issue 24's latency target: within 1.15x of in-process, or 2 ms, whichever is larger."""
+    return through <= max(alone * TARGET_LATENCY_RATIO, alone + TARGET_LATENCY_SLACK_MS)
+
+
 def comparison(rows: list[dict], c: int) -> str:
-    """One concurrency: Triton against in-process and, when it ran, against the HF baseline; or the OpenAI
-    frontend against gRPC directly."""
+    """One concurrency: each Triton system against in-process (issue 24's targets) and, when it ran,
+    against the HF baseline; or each OpenAI frontend against gRPC directly on its server."""
     row = {r["system"]: r for r in rows if r["concurrency"] == c}
-    if OPENAI_SYSTEM in row:
-        o, t = row[OPENAI_SYSTEM], row["triton"]
-        return (f"c={c}: through the OpenAI frontend {100 * o['tok_s'] / t['tok_s']:.0f}% of gRPC's tok/s, TTFT p50 "
-                f"{o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms, p99 {o['ttft_p99_ms']:,.1f} vs "
-                f"{t['ttft_p99_ms']:,.1f} ms")
-    t, p, hf = row["triton"], row["in-process"], row.get(HF_SYSTEM)
-    text = f"c={c}: Triton {100 * t['tok_s'] / p['tok_s']:.0f}% of in-process"
-    if hf:
-        speedup = t["tok_s"] / hf["tok_s"]
-        lower = t["ttft_p99_ms"] < hf["ttft_p99_ms"]
-        text += (f", {speedup:.1f}x HF generate (target >= {TARGET_SPEEDUP}x: "
-                 f"{'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}), p99 TTFT {t['ttft_p99_ms']:,.0f} vs "
-                 f"{hf['ttft_p99_ms']:,.0f} ms (lower: {'yes' if lower else 'NO'})")
-    return text
+    tritons = [name for name in row if name == "triton" or name.startswith("triton x")]
+    if any(name.startswith(OPENAI_SYSTEM) for name in row):
+        parts = []
+        for t in tritons:
+            o = row[t.replace("triton", OPENAI_SYSTEM, 1)]
+            t = row[t]
+            parts.append(f"c={c}: through the {o['system']} {100 * o['tok_s'] / t['tok_s']:.0f}% of gRPC's tok/s, "
+                         f"TTFT p50 {o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms, p99 {o['ttft_p99_ms']:,.1f} "
+                         f"vs {t['ttft_p99_ms']:,.1f} ms")
+        return "; ".join(parts)
+    p, hf = row["in-process"], row.get(HF_SYSTEM)
+    parts = []
+    for name in tritons:
+        t = row[name]
+        share = t["tok_s"] / p["tok_s"]
+        missed = [] if share >= TARGET_TOK_S_SHARE else ["tok/s"]
+        missed += [f"{label} {q}" for label, key in (("TTFT", "ttft"), ("ITL", "itl")) for q in ("p50", "p99")
+                   if not within_target(t[f"{key}_{q}_ms"], p[f"{key}_{q}_ms"])]
+        text = (f"c={c}: {name} {100 * share:.0f}% of in-process, TTFT p50 {t['ttft_p50_ms']:,.1f} vs "
+                f"{p['ttft_p50_ms']:,.1f} ms, ITL p50 {t['itl_p50_ms']:,.1f} vs {p['itl_p50_ms']:,.1f} ms, "
+                f"p99 {t['itl_p99_ms']:,.1f} vs {p['itl_p99_ms']:,.1f} ms (issue 24 targets: "
+                f"{'met' if not missed else 'MISSED ' + ', '.join(missed)})")
+        if hf and name == "triton":
+            speedup = t["tok_s"] / hf["tok_s"]
+            lower = t["ttft_p99_ms"] < hf["ttft_p99_ms"]
+            text += (f", {speedup:.1f}x HF generate (target >= {TARGET_SPEEDUP}x: "
+                     f"{'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}), p99 TTFT {t['ttft_p99_ms']:,.0f} vs "
+                     f"{hf['ttft_p99_ms']:,.0f} ms (lower: {'yes' if lower else 'NO'})")
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def per_level(parser, flag: str, value: str, levels: list[int]) -> list[int]:
@@ -265,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", choices=["hf"], help="also serve HF generate() in a plain Python model")
     parser.add_argument("--api", choices=["triton", "openai"], default="triton",
                         help="openai: the OpenAI frontend against gRPC directly, on one server (no in-process run)")
+    parser.add_argument("--instances", default="1",
+                        help="the llm's instance counts to serve, one server each, e.g. 1,4,8 (default: 1)")
     parser.add_argument("--baseline-batch-size", type=int,
                         help="the baseline's max_batch_size: most requests one generate() call takes; default: "
                              "the largest concurrency, so no request waits for a batch slot")
@@ -293,8 +334,17 @@ def main(argv: list[str] | None = None) -> int:
     requests = make_requests(tokenizer, max(counts), [int(x) for x in args.prompt_len.split(",")],
                              [int(x) for x in args.output_len.split(",")])
     served = {**settings, **json.loads(args.backend)}
-    rows = serve(lambda dest: write_repository(dest, args.model, served), "llm", "triton", requests, levels,
-                 counts, openai=args.api == "openai")
+    try:
+        instance_counts = [int(k) for k in args.instances.split(",")]
+    except ValueError:
+        instance_counts = []
+    if not instance_counts or min(instance_counts) < 1 or len(set(instance_counts)) < len(instance_counts):
+        parser.error(f"--instances {args.instances!r}: give distinct counts >= 1, e.g. 1,4,8")
+    rows = []
+    for k in instance_counts:
+        rows += serve(lambda dest, k=k: write_repository(dest, args.model, served, k), "llm", triton_system(k),
+                      requests, levels, counts, openai=args.api == "openai",
+                      openai_system=triton_system(k).replace("triton", OPENAI_SYSTEM, 1))
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",

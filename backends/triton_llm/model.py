@@ -37,7 +37,12 @@ from response_instances import check_thread_engine, engine_share, instances_on_d
 from responses import ResponseBuilder
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# is_cancelled() is a round trip to the server process, as each response sent is: each open stream
+# is asked at most every 20 ms, and all of this instance's together at most 500 times a second (at
+# 64 streams, each every 128 ms), so the checks never take more than a few percent of its sends'
+# time (docs/benchmarks-journal.md, "The response path").
 CANCEL_CHECK_INTERVAL_S = 0.02
+MAX_CANCEL_CHECKS_PER_S = 500
 READINESS_CHECK_INTERVAL_S = 0.5
 READINESS_ENV = "RAGSTACK_TRITON_HTTP"  # host:port of the server's own HTTP endpoint
 TASKS_DRAIN_S = 10.0  # for the responses of requests the shutdown ended
@@ -115,11 +120,13 @@ class TritonPythonModel:
         self._tasks: set[asyncio.Future] = set()
         self._tasks_lock = threading.Lock()
         self._by_cancel_key: dict[str, tuple] = {}  # CANCEL_KEY -> (engine, request id, cancelled event); loop thread only
+        self._open: dict[str, tuple] = {}  # request id -> (sender, engine, cancelled event); loop thread only
         self._finalizing = False
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="triton_llm-responses",
                                              daemon=True)
         self._loop_thread.start()
+        self._sweeper = asyncio.run_coroutine_threadsafe(self._sweep_cancellations(), self.loop)
         self._unloading = threading.Event()
         self._lifecycle = threading.Thread(target=self._watch_readiness, name="triton_llm-lifecycle", daemon=True)
         self._lifecycle.start()
@@ -185,24 +192,16 @@ class TritonPythonModel:
         cancelled = asyncio.Event()
         if req.cancel_key is not None:
             self._by_cancel_key[req.cancel_key] = (engine, request_id, cancelled)
-        watcher = asyncio.ensure_future(self._watch_cancellation(sender, engine, request_id, cancelled))
+        self._open[request_id] = (sender, engine, cancelled)  # _sweep_cancellations asks its sender
         out = None
         builder = ResponseBuilder(req, self.tokenizer)
         first_token_seen = False
-        next_cancel_check = 0.0
         try:
             async for out in stream:
                 if not first_token_seen and out.token_ids:
                     first_token_seen = True
                     if self.metrics:
                         self.metrics.observe_first_token(out.stats.time_to_first_token)
-                now = time.monotonic()
-                # is_cancelled() is a round trip to the server process: ask at most every 20 ms.
-                if now >= next_cancel_check and not cancelled.is_set():
-                    next_cancel_check = now + CANCEL_CHECK_INTERVAL_S
-                    if sender.is_cancelled():
-                        cancelled.set()
-                        engine.abort(request_id)  # freed before the engine's next step
                 if out.finished or cancelled.is_set():
                     break
                 if req.stream and out.delta_text:
@@ -217,7 +216,7 @@ class TritonPythonModel:
             self._fail(sender, req, str(exc), pb_utils.TritonError.INTERNAL)
             return
         finally:
-            watcher.cancel()
+            self._open.pop(request_id, None)
             self._by_cancel_key.pop(req.cancel_key, None)
         if cancelled.is_set():
             self._fail(sender, req, "request cancelled by the client", pb_utils.TritonError.CANCELLED)
@@ -233,13 +232,22 @@ class TritonPythonModel:
             text = ("" if req.exclude_input_in_output else (out.prompt or "")) + out.text
         self._send(sender, builder.response(out, text, final=True), FINAL)
 
-    async def _watch_cancellation(self, sender, engine, request_id: str, cancelled: asyncio.Event) -> None:
-        """A request still waiting for the batch produces no outputs to check at; poll it."""
-        while not cancelled.is_set():
-            await asyncio.sleep(0.2)
-            if sender.is_cancelled():
-                cancelled.set()
-                engine.abort(request_id)
+    async def _sweep_cancellations(self) -> None:
+        """Asks each open stream's sender whether its client cancelled, one after the other, each at
+        most every CANCEL_CHECK_INTERVAL_S and all together at most MAX_CANCEL_CHECKS_PER_S times a
+        second (running or waiting alike); a cancelled one is aborted, freed before the engine's next step."""
+        while True:
+            if not self._open:
+                await asyncio.sleep(CANCEL_CHECK_INTERVAL_S)
+                continue
+            request_ids = list(self._open)
+            pause = max(CANCEL_CHECK_INTERVAL_S / len(request_ids), 1.0 / MAX_CANCEL_CHECKS_PER_S)
+            for request_id in request_ids:
+                entry = self._open.get(request_id)
+                if entry is not None and not entry[2].is_set() and entry[0].is_cancelled():
+                    entry[2].set()
+                    entry[1].abort(request_id)
+                await asyncio.sleep(pause)
 
     def _abort_by_key(self, key: str, sender) -> None:
         entry = self._by_cancel_key.get(key)
@@ -321,6 +329,7 @@ class TritonPythonModel:
         else:
             self._lifecycle.join()
         self._finalizing = True
+        self._sweeper.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=10)
         if self.metrics:
