@@ -61,7 +61,8 @@ def _build(args: argparse.Namespace) -> int:
                   f"in {result.path}")
         else:
             print(f"unchanged: version {result.version} already indexes these {result.documents} documents")
-        for line in indexer.describe(result.report):
+        report = result.report if result.created else {k: v for k, v in result.report.items() if k != "embedded"}
+        for line in indexer.describe(report):   # unchanged: the chunks it holds, not its past embedding
             print(line)
         for error in result.errors:
             print(f"error: {error} (left out)", file=sys.stderr)

@@ -120,7 +120,8 @@ def test_index_list_and_build(capsys, connection, tmp_path):
     code, out, err = run(capsys, *build)
     assert code == 0 and out.startswith("wrote version 1: 1 documents, 1 chunks"), err
     code, out, _ = run(capsys, *build)
-    assert (code, out) == (0, "unchanged: version 1 already indexes these 1 documents\n")
+    assert code == 0 and out.startswith("unchanged: version 1 already indexes these 1 documents\nchunks: 1 of 192 ")
+    assert "limit 256: none over" in out and "embedding:" not in out
     assert run(capsys, "index", "list", "--model-dir", str(model_dir))[1].split()[:1] == ["1"]
 
 
