@@ -68,3 +68,17 @@ def test_the_run_directory_is_private(tmp_path, monkeypatch):
     share = EngineShare.named({"x": 1}, 2, directory=tmp_path)
     with share.locked():
         assert share.lock_path.exists()
+
+
+def test_the_gpu_config_is_the_llms_with_eight_instances():
+    """docker-compose loads model_repository/llm/configs/gpu.pbtxt (--model-config-name=gpu): config.pbtxt's,
+    but for the instance count (and the header saying so)."""
+    folder = Path(__file__).resolve().parents[2] / "model_repository" / "llm"
+
+    def settings(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+    default, gpu = settings(folder / "config.pbtxt"), settings(folder / "configs" / "gpu.pbtxt")
+    differ = [(a, b) for a, b in zip(default, gpu) if a != b]
+    assert len(default) == len(gpu) and differ == [("instance_group [ { kind: KIND_MODEL, count: 1 } ]",
+                                                    "instance_group [ { kind: KIND_MODEL, count: 8 } ]")]
