@@ -76,4 +76,6 @@ def test_importing_the_engine_config_loads_no_model_or_kernel_module():
     code = ("import sys, llm_engine.config, llm_engine.sampling_params; "
             "print(sorted(m for m in sys.modules if m.startswith(('llm_engine.', 'triton'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['llm_engine.config', 'llm_engine.model_config', 'llm_engine.sampling_params']"
+    # quantization.py is the settings' pure-Python part (which scheme, which layers): no kernel.
+    assert loaded.strip() == ("['llm_engine.config', 'llm_engine.model_config', 'llm_engine.quantization', "
+                              "'llm_engine.sampling_params']")
