@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 
@@ -35,7 +35,11 @@ from llm_engine.engine.admission import admit
 from llm_engine.engine.detokenizer import IncrementalDetokenizer
 from llm_engine.engine.input_processor import EngineRequest, InputProcessor
 from llm_engine.engine.output_processor import OutputAssembler
-from llm_engine.engine.structured_output import GrammarCompiler, PendingGrammar, RequestGrammar
+from llm_engine.engine.structured_output import (
+    GrammarCompiler,
+    PendingGrammar,
+    RequestGrammar,
+)
 from llm_engine.outputs import EngineStats, RequestDelta, RequestOutput, RequestStats
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.worker.model_runner import ModelRunner
@@ -203,17 +207,17 @@ class LLMEngine:
             self._account_scheduled(batch)
             try:
                 logits = self.model_runner.execute(batch, sampled_ids)
-                grammars = None
+                masks = None
                 if overlap and self._guided(batch):
                     # The masks follow the tokens of the step in flight: wait for them while the
-                    # device runs this step's forward pass, detokenize them (the host's other work of
-                    # the step, done before the sampling rather than after it, while the device has
-                    # the forward pass to run), then fill the masks and sample.
+                    # device runs this step's forward pass, then fill the masks (threads, off the GIL)
+                    # while this thread detokenizes those tokens (the step's other host work, done
+                    # before the sampling rather than after it), then sample.
                     done, overlap = self._complete(prev, advanced=True), False
                     self._num_async_steps += sampled_ids is not None
-                    grammars = self._grammars_of(batch)  # before _emit lets go of finished requests
+                    masks = self._grammars.fill_masks(self._grammars_of(batch))
                     early, done = self._emit(done), []
-                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids, grammars))
+                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids, masks))
             except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
                 logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
                 failure = exc
@@ -235,17 +239,19 @@ class LLMEngine:
                 self._num_prompt_tokens += n
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sampled_ids: torch.Tensor | None,
-                grammars: list[RequestGrammar | None] | None = None):
-        """Queue the sampling of the batch's sampled rows (with their grammars' masks: `grammars`, one per
-        sampled row, or those of the requests now); `sampled_ids` (on the device) are the tokens the
-        batch's placeholders stand for."""
+                masks: Future | None = None):
+        """Queue the sampling of the batch's sampled rows with their grammars' masks (`masks`, being
+        filled already, or filled now); `sampled_ids` (on the device) are the tokens the batch's
+        placeholders stand for."""
         sampled = [s for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]
         if not sampled:
             return None
-        masks = None
-        if self._grammars is not None:
-            masks = self._grammars.masks(self._grammars_of(batch) if grammars is None else grammars)
-        return self.sampler(logits, sampled, sampled_ids, bitmask=masks)
+        bitmask = None
+        if masks is not None:
+            bitmask = masks.result()
+        elif self._grammars is not None:
+            bitmask = self._grammars.masks(self._grammars_of(batch))
+        return self.sampler(logits, sampled, sampled_ids, bitmask=bitmask)
 
     def _grammars_of(self, batch: ScheduledBatch) -> list[RequestGrammar | None]:
         return [self._requests[s.request_id].grammar for s, is_sampled in zip(batch.seqs, batch.sample) if is_sampled]

@@ -48,6 +48,7 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._batch = xgrammar.BatchGrammarMatcher(max_threads=mask_threads())
+        self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
 
     def submit(self, spec: StructuredOutputs) -> Future:
         """The compiled grammar of `spec`, as a future (done at once when cached)."""
@@ -92,8 +93,14 @@ class GrammarCompiler:
             self._batch.batch_fill_next_token_bitmask([grammars[row].matcher for row in rows], masks, rows)
         return masks
 
+    def fill_masks(self, grammars: list[RequestGrammar | None]) -> Future:
+        """masks() in a thread of its own (xgrammar fills them without the GIL), so the caller can
+        do other work meanwhile; the future's result is masks()'s."""
+        return self._filler.submit(self.masks, grammars)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._filler.shutdown(wait=False, cancel_futures=True)
 
 
 class RequestGrammar:
