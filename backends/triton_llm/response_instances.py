@@ -43,8 +43,8 @@ def check_thread_engine(instances: int) -> None:
 def engine_share(name: str, version: str, model_config: dict, config: EngineConfig, instances: int) -> EngineShare:
     """Where this load's instances on `config.device` meet their engine."""
     server = os.getppid()  # tritonserver: each server's instances have engines of their own
-    identity = {"server": server, "model": name, "version": version, "device": config.device,
-                "model_config": model_config, "engine": repr(config)}
+    identity = {"model": name, "version": version, "device": config.device, "model_config": model_config,
+                "engine": repr(config)}
     # The labels let `ps` (and ragstack.process_tree) tell which model an engine process serves.
     label = ("--model", f"{name}/{version}", "--device", config.device, "--server", str(server))
-    return EngineShare.named(identity, instances, label)
+    return EngineShare.named(identity, instances, label, owner=server)

@@ -10,7 +10,7 @@ each sending its own requests' responses, share one engine (docs/llm_model.md, "
 
 The start message (stdin, child_process.py) holds the EngineConfig and the number of this process's
 end of a socket pair: its starter, the first client. A shared engine (engine_share.py) also gets a
-Unix socket path and a lock file: after warm-up it listens there for up to `max_clients - 1` more
+Unix socket path and a log file: after warm-up it listens there for up to `max_clients - 1` more
 clients over its life (the other instances of the same model load; a later load starts its own
 engine), and it outlives its starter. The process builds the engine (tensor-parallel ranks 1.. are
 its children), warms it up (every kernel variant compiled, CUDA graphs captured), says READY, and
@@ -24,7 +24,6 @@ ends the process with the traceback on stderr, which the client quotes.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
@@ -79,16 +78,16 @@ class _Client:
 
 
 class EngineServer:
-    def __init__(self, engine: LLMEngine, conn: Connection, listen: str | None = None, lock: str | None = None,
-                 max_clients: int = 1) -> None:
+    def __init__(self, engine: LLMEngine, conn: Connection, listen: str | None = None, max_clients: int = 1,
+                 log: str | None = None) -> None:
         """`conn`: the starter's connection. `listen`: the Unix socket path where up to `max_clients - 1`
-        more clients may join; `lock`: the file lock the clients hold while they join or start an engine."""
+        more clients may join; `log`: the file its stderr goes to."""
         self.engine = engine
         self.loop = EngineLoop(engine, self._deliver)
         self._starter = conn
         self._listen_path = listen
-        self._lock_path = lock
         self._max_clients = max_clients
+        self._log_path = log
         self._lock = threading.Lock()        # the clients, their requests, the add sequence
         self._clients: dict[int, _Client] = {}
         self._everyone: list[_Client] = []   # every client that joined
@@ -97,7 +96,6 @@ class EngineServer:
         self._adds_sent = 0                  # adds handed to the loop, all clients; numbers them
         self._closing = False
         self._listener: socket.socket | None = None
-        self._listen_inode: int | None = None
 
     def serve(self) -> None:
         """READY to the starter, the loop until the last client has left, the engine closed (its
@@ -105,7 +103,6 @@ class EngineServer:
         if self._listen_path is not None:
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._listener.bind(self._listen_path)
-            self._listen_inode = os.stat(self._listen_path).st_ino
             self._listener.listen(16)
         starter = self._join(self._starter)
         starter.post((READY, self.engine.get_stats(), os.getpid()))
@@ -124,6 +121,18 @@ class EngineServer:
         for client in everyone:  # the last messages out (CLOSED) before the process exits
             client.outbox.put(None)
             client.sender.join(timeout=2)
+        self._remove_log()
+
+    def _remove_log(self) -> None:
+        """A shared engine's log file, after a clean close, if the path is still its own (its stderr):
+        no client quotes it any more (the starter relayed it while it lived)."""
+        if self._log_path is None:
+            return
+        try:
+            if os.stat(self._log_path).st_ino == os.fstat(2).st_ino:
+                os.unlink(self._log_path)
+        except OSError:
+            pass
 
     # --- clients joining and leaving ------------------------------------------------------------
 
@@ -239,33 +248,21 @@ class EngineServer:
             self._close_if_empty()
 
     def _close_if_empty(self) -> None:
-        """The last client has left: unless one joined meanwhile, stop listening and close the loop.
-        Under the clients' lock file, so that a client joining at this moment either joined before
-        (and the engine serves on) or finds the socket gone (and starts an engine)."""
-        lock = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600) if self._lock_path else None
-        try:
-            if lock is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            with self._lock:
-                if self._clients:
-                    return
-                self._closing = True
-            self._stop_listening()
-        finally:
-            if lock is not None:
-                os.close(lock)  # releases the flock
+        """The last client has left: unless one joined meanwhile, stop listening and close the loop. A
+        client whose HELLO comes after this is refused (and starts an engine of its own); one that joined
+        before keeps the engine serving."""
+        with self._lock:
+            if self._clients:
+                return
+            self._closing = True
+        self._stop_listening()
         self.loop.close(0)
 
     def _stop_listening(self) -> None:
-        """Close the listener and remove its socket path, if the path is still ours (a later engine
-        may have taken it over)."""
+        """Close the listener: connecting to its path is refused from now on. The path stays until the
+        next engine's starter replaces it (under the clients' lock, which the engine never waits for)."""
         if self._listener is None:
             return
-        try:
-            if os.stat(self._listen_path).st_ino == self._listen_inode:
-                os.unlink(self._listen_path)
-        except OSError:
-            pass
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -337,8 +334,8 @@ def main() -> None:
     if threads is not None:
         torch.set_num_threads(threads)
     conn = Connection(start["fd"])
-    EngineServer(start_engine(config), conn, listen=start.get("listen"), lock=start.get("lock"),
-                 max_clients=start.get("max_clients", 1)).serve()
+    EngineServer(start_engine(config), conn, listen=start.get("listen"), max_clients=start.get("max_clients", 1),
+                 log=start.get("log")).serve()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ Each client, under the lock: connects to the socket and asks to join; if nothing
 the engine refuses (it took its clients, or it is closing), it starts a new engine, which listens
 there once it has warmed up, and only then releases the lock. The engine's stderr goes to the log
 file (the starting client relays its lines to its own stderr while it lives; every client quotes
-the file's last lines when the engine fails).
+the file's last lines when the engine fails); a clean close removes it. An engine that closes
+stops listening (a client that comes then is refused, and starts another), and never waits for the
+lock. A socket path stays until the next engine's starter replaces it, and the lock files stay
+(removing one a client may be waiting on would let two start an engine), until the process that owned
+their engines (the server) is gone: a starting client removes those.
 """
 from __future__ import annotations
 
@@ -42,18 +46,29 @@ def run_directory() -> Path:
     return directory
 
 
+def remove_stale(directory: Path) -> None:
+    """The files of engines whose owner process is gone: a key starts with the pid of the process that
+    owns its engines (a server: its models' instances), and nothing else uses them once it has exited."""
+    for path in directory.glob("*-*.*"):
+        owner = path.name.split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            path.unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class EngineShare:
-    key: str                 # 16 hex digits naming the engine's files
+    key: str                 # "<owner pid>-<16 hex digits>": names the engine's files
     max_clients: int         # clients one engine takes over its life, its starter included
     label: tuple[str, ...] = ()  # arguments that name the engine process in `ps` (process_tree.py reads them)
     directory: Path = field(default_factory=run_directory)
 
     @classmethod
-    def named(cls, identity: dict, max_clients: int, label: tuple[str, ...] = (),
-              directory: Path | None = None) -> EngineShare:
-        """The share of the engine that `identity` (JSON-able: the server, the model, its settings) names."""
-        key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    def named(cls, identity: dict, max_clients: int, label: tuple[str, ...] = (), directory: Path | None = None,
+              owner: int | None = None) -> EngineShare:
+        """The share of the engine that `identity` (JSON-able: the model, its settings) names for `owner`, the
+        process whose clients share it (default: this process's parent, the server of a model's stubs)."""
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        key = f"{os.getppid() if owner is None else owner}-{digest}"
         return cls(key, max(1, max_clients), tuple(label), directory or run_directory())
 
     @property
@@ -70,7 +85,7 @@ class EngineShare:
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """The lock the clients hold while they join or start the engine (the engine, while it closes)."""
+        """The lock the clients hold while they join or start the engine."""
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

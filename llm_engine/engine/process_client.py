@@ -28,7 +28,7 @@ from llm_engine.child_process import TAIL_LINES, ChildProcess, log_tail
 from llm_engine.config import EngineConfig
 from llm_engine.engine.client import EngineClient
 from llm_engine.engine.engine_loop import StepReport
-from llm_engine.engine.engine_share import EngineShare
+from llm_engine.engine.engine_share import EngineShare, remove_stale
 from llm_engine.engine.input_processor import EngineRequest
 from llm_engine.engine.protocol import ABORT, ADD, CLOSED, DETACH, HELLO, READY, REFUSED, STEP
 from llm_engine.errors import EngineClosedError, EngineDeadError, EngineStartError
@@ -75,9 +75,10 @@ class EngineProcessClient(EngineClient):
         start = {"config": config}
         options = {}
         if share is not None:
+            remove_stale(share.directory)
             share.socket_path.unlink(missing_ok=True)  # a dead engine's, or a full one's (it keeps its clients)
             share.log_path.unlink(missing_ok=True)
-            start.update(listen=str(share.socket_path), lock=str(share.lock_path), max_clients=share.max_clients,
+            start.update(listen=str(share.socket_path), max_clients=share.max_clients, log=str(share.log_path),
                          outlive_parent=True)
             options = {"args": share.label, "log_file": share.log_path}
         ours, theirs = socket.socketpair()

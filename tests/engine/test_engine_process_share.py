@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -207,8 +208,10 @@ def test_a_client_that_dies_takes_only_its_requests_a_full_engine_refuses_more_a
     assert not is_alive(first.pid)
 
 
-def test_the_last_client_leaving_ends_the_engine(three):
-    pid, path = three[0].pid, three[0].share.socket_path
+def test_the_last_client_leaving_ends_the_engine(three, tiny_checkpoints):
+    pid, share = three[0].pid, three[0].share
     for client in three:
         client.shutdown(timeout=0)
-    assert wait_until(lambda: not is_alive(pid)) and not path.exists()
+    assert wait_until(lambda: not is_alive(pid)) and not share.log_path.exists()
+    with pytest.raises(ConnectionRefusedError):  # nothing listens there: the next client starts an engine
+        socket.socket(socket.AF_UNIX).connect(str(share.socket_path))
