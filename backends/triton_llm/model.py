@@ -236,7 +236,7 @@ class TritonPythonModel:
         """Asks each open stream's sender whether its client cancelled, one after the other, each at
         most every CANCEL_CHECK_INTERVAL_S and all together at most MAX_CANCEL_CHECKS_PER_S times a
         second (running or waiting alike); a cancelled one is aborted, freed before the engine's next step."""
-        while True:
+        while not self._finalizing:
             if not self._open:
                 await asyncio.sleep(CANCEL_CHECK_INTERVAL_S)
                 continue
@@ -329,7 +329,10 @@ class TritonPythonModel:
         else:
             self._lifecycle.join()
         self._finalizing = True
-        self._sweeper.cancel()
+        try:
+            self._sweeper.result(timeout=2)  # it returns within a pause (a pending task is reported at exit)
+        except Exception:  # noqa: BLE001 - stuck or failed: the loop stops regardless
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=10)
         if self.metrics:
