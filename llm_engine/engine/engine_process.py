@@ -15,8 +15,8 @@ clients over its life (the other instances of the same model load; a later load 
 engine), and it outlives its starter. The process builds the engine (tensor-parallel ranks 1.. are
 its children), warms it up (every kernel variant compiled, CUDA graphs captured), says READY, and
 runs the EngineLoop in its main thread. Each client has a thread that takes its messages into the
-loop's inbox and one that sends it, after every pass of the loop, a STEP with its own requests'
-deltas (protocol.py). A client that leaves (DETACH: its requests finish until its deadline, the
+loop's inbox; after every pass the loop sends each client a STEP with its own requests' deltas
+(protocol.py). A client that leaves (DETACH: its requests finish until its deadline, the
 rest are aborted) or goes away (end of file: its requests are aborted at once) takes only its own
 requests; when the last one has left, the engine closes (its workers stop) and the process exits.
 A private engine (no socket) also exits at once when its starter's stdin closes. A failure to start
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
 import socket
 import threading
 import time
@@ -54,8 +53,7 @@ class _Client:
     def __init__(self, number: int, conn: Connection) -> None:
         self.number = number                  # in joining order: the lowest live one is the exporter
         self.conn = conn
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.sender: threading.Thread | None = None
+        self._send_lock = threading.Lock()
         self.requests: set[str] = set()       # forwarded to the loop, not finished
         self.pending_adds: deque[int] = deque()  # the sequence numbers of its adds the loop has not taken
         self.adds_taken = 0
@@ -63,18 +61,20 @@ class _Client:
         self.gone = False                     # left (CLOSED sent) or went away
 
     def post(self, message: tuple) -> None:
-        self.outbox.put(message)
-
-    def send_all(self) -> None:
-        """The client's sender thread: its outbox, in order, until None."""
-        while True:
-            message = self.outbox.get()
-            if message is None:
+        """Sent at once, from the caller's thread (the loop's, for STEP: no hand-over to another thread
+        that would wait for the GIL); a client that is gone is its receiver's to notice."""
+        with self._send_lock:
+            if self.conn.closed:
                 return
             try:
                 self.conn.send(message)
-            except OSError:  # gone: its receiver notices the end of file
-                return
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Under the send lock: no send can reach the number a closed descriptor leaves for reuse."""
+        with self._send_lock:
+            self.conn.close()
 
 
 class EngineServer:
@@ -90,7 +90,6 @@ class EngineServer:
         self._log_path = log
         self._lock = threading.Lock()        # the clients, their requests, the add sequence
         self._clients: dict[int, _Client] = {}
-        self._everyone: list[_Client] = []   # every client that joined
         self._owner: dict[str, _Client] = {}
         self._joined = 0
         self._adds_sent = 0                  # adds handed to the loop, all clients; numbers them
@@ -116,11 +115,6 @@ class EngineServer:
         for client in left:
             self._finish(client)
         self._stop_listening()
-        with self._lock:
-            everyone = list(self._everyone)
-        for client in everyone:  # the last messages out (CLOSED) before the process exits
-            client.outbox.put(None)
-            client.sender.join(timeout=2)
         self._remove_log()
 
     def _remove_log(self) -> None:
@@ -141,9 +135,6 @@ class EngineServer:
             self._joined += 1
             client = _Client(self._joined, conn)
             self._clients[client.number] = client
-            self._everyone.append(client)
-        client.sender = threading.Thread(target=client.send_all, name=f"engine-send-{client.number}", daemon=True)
-        client.sender.start()
         threading.Thread(target=self._receive, args=(client,), name=f"engine-inbox-{client.number}",
                          daemon=True).start()
         return client
@@ -225,8 +216,7 @@ class EngineServer:
             requests = list(client.requests)
             self._clients.pop(client.number, None)
             empty = not self._clients
-        client.outbox.put(None)
-        client.conn.close()
+        client.close()
         if not was_gone:
             for request_id in requests:
                 self.loop.abort(request_id)
