@@ -1,14 +1,20 @@
 """FP8 (e4m3) quantization of linear weights and activations, W8A8 as vLLM's "FP8 dynamic" scheme:
 
-- weights per output channel: each row of W [N, K] gets scale = amax(|row|) / 448 and is stored as
-  e4m3 values row / scale (quantize_fp8_weight_ref; done once, at load or by the checkpoint writer);
+- weights per output channel: each row of W [N, K] gets scale = amax(|row|) * float32(1 / 448) and is
+  stored as e4m3 values row / scale (quantize_fp8_weight_ref; done once, at load or by the checkpoint
+  writer);
 - activations per token, dynamically: each row of x [M, K] likewise at every call
   (quantize_fp8_per_token, a Triton kernel), or with one static scale for all rows when a
   checkpoint brings an `input_scale`.
 
-The roundings are those of kv_store.quantize_fp8_ref (the FP8 KV cache's): x / scale correctly
-rounded, clamped to +-448, rounded to the nearest e4m3 value, ties to even. The kernel reproduces
-them bit for bit (kv_store._round_to_e4m3, div_rn), so its bytes and scales equal the reference's.
+The roundings are those of kv_store.quantize_fp8_ref (the FP8 KV cache's): the scale one float32
+multiplication of amax by float32(1 / 448) (kv_store.fp8_scale_ref: not `amax / 448`, which torch
+computes one way on CUDA and another on the CPU), x / scale correctly rounded, clamped to +-448, rounded
+to the nearest e4m3 value, ties to even. The kernel reproduces them bit for bit on every device
+(the same multiplication, div_rn, kv_store._round_to_e4m3), so its bytes and scales equal the
+reference's. That matters beyond the last bit of a scale: bf16 inputs often sit exactly halfway between
+two e4m3 values of their row's grid, and a scale one ulp off rounds those the other way, a whole e4m3
+step (up to 1/8 of the value).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from llm_engine.kernels._validate import (
     expect_same_device,
 )
 from llm_engine.kernels.kv_store import (
+    FP8_E4M3_INV_MAX_C,
     FP8_E4M3_MAX,
     FP8_SCALE_MIN,
     _round_to_e4m3,
@@ -48,8 +55,8 @@ def dequantize_fp8_weight_ref(values: torch.Tensor, scale: torch.Tensor) -> torc
 
 def quantize_fp8_per_token_ref(x: torch.Tensor, static_scale: torch.Tensor | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values [M, K], float32 scales [M]): per row amax / 448, or `static_scale`
-    (a float32 scalar: every row's scale) when given."""
+    """x [M, K] -> (e4m3 values [M, K], float32 scales [M]): per row amax * float32(1 / 448), or
+    `static_scale` (a float32 scalar: every row's scale) when given."""
     _check_args(x, static_scale)
     if static_scale is None:
         return quantize_fp8_ref(x)
@@ -85,8 +92,9 @@ def _quantize_per_token_kernel(
                 tile = tl.load(x_row + k_start + ks, mask=k_start + ks < K, other=0.0).to(tl.float32)
                 running = tl.maximum(running, tl.abs(tile))
             amax = tl.max(running, axis=0)
-        # Correctly rounded divisions, as torch's: the bytes match quantize_fp8_ref's.
-        scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-12)
+        # fp8_scale_ref's one multiplication (no division: torch's own `/ 448` differs between devices),
+        # then correctly rounded divisions, as torch's by a tensor: the bytes match quantize_fp8_ref's.
+        scale = tl.maximum(amax * FP8_E4M3_INV_MAX_C, 1e-12)
     tl.store(scale_ptr + row, scale)
     if ONE_TILE:
         q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
@@ -101,8 +109,8 @@ def _quantize_per_token_kernel(
 
 def quantize_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values [M, K], float32 scales [M]): per row amax / 448, or `static_scale`
-    (a float32 scalar: every row's scale) when given. One launch."""
+    """x [M, K] -> (e4m3 values [M, K], float32 scales [M]): per row amax * float32(1 / 448), or
+    `static_scale` (a float32 scalar: every row's scale) when given. One launch."""
     _check_args(x, static_scale)
     expect_launchable("x", x, "quantize_fp8_per_token_ref")
     num_rows, k = x.shape

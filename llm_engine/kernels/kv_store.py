@@ -21,15 +21,29 @@ from llm_engine.kernels._validate import (
 )
 
 FP8_E4M3_MAX = 448.0
+# 1 / 448 rounded to float32 (exactly this Python float). Every FP8 scale is amax * FP8_E4M3_INV_MAX, one
+# correctly rounded float32 multiplication, in the torch references and in the kernels alike, so they agree
+# bit for bit on every device. `amax / 448` does not: on CUDA torch divides by a Python number as a multiply
+# by its float32 reciprocal, on the CPU it divides, and the two differ by an ulp in about half the rows
+# (the H200 run of 2026-12-04: scales an ulp apart, and e4m3 ties of bf16 inputs rounded the other way).
+FP8_E4M3_INV_MAX = 0.0022321429569274187
+FP8_E4M3_INV_MAX_C = tl.constexpr(FP8_E4M3_INV_MAX)  # the same, for the kernels
 # Keeps the scale of an all-zero head finite (x / scale stays 0 instead of NaN).
 FP8_SCALE_MIN = 1e-12
 KV_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
 
+def fp8_scale_ref(amax: torch.Tensor) -> torch.Tensor:
+    """The FP8 scale of values whose largest magnitude is amax: amax * float32(1 / 448), at least
+    FP8_SCALE_MIN, in float32 (FP8_E4M3_INV_MAX: the same bits on every device and in the kernels)."""
+    return (amax.float() * FP8_E4M3_INV_MAX).clamp(min=FP8_SCALE_MIN)
+
+
 def quantize_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., head_dim] -> (e4m3fn values, float32 scales [...]) with scale = amax(|x|) / 448."""
+    """x [..., head_dim] -> (e4m3fn values, float32 scales [...]) with scale = amax(|x|) * float32(1 / 448)
+    (fp8_scale_ref) and values x / scale (a tensor divisor: correctly rounded on every device)."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / FP8_E4M3_MAX).clamp(min=FP8_SCALE_MIN)
+    scale = fp8_scale_ref(xf.abs().amax(dim=-1))
     values = (xf / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     return values.to(torch.float8_e4m3fn), scale
 
@@ -124,7 +138,7 @@ def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_he
                       HALF_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       IS_FP8: tl.constexpr):
     """One token's kv heads, float32 halves [BLOCK_HEADS, HALF_DIM] of the head dim, into its cache
-    slot: cast to the cache dtype, or for FP8 quantized per head (scale = amax / 448) with the
+    slot: cast to the cache dtype, or for FP8 quantized per head (scale = amax * float32(1 / 448)) with the
     scale stored in the [block, kv head, offset] layout."""
     heads = tl.arange(0, BLOCK_HEADS)
     dims = tl.arange(0, HALF_DIM)[None, :]
@@ -133,8 +147,9 @@ def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_he
     dst = cache_ptr + slot * stride_slot + heads[:, None] * stride_head + dims
     if IS_FP8:
         amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
-        # Correctly rounded divisions, so the bytes match quantize_fp8_ref exactly.
-        scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-12)
+        # fp8_scale_ref's multiplication, then correctly rounded divisions: the bytes and scales are
+        # quantize_fp8_ref's exactly.
+        scale = tl.maximum(amax * FP8_E4M3_INV_MAX_C, 1e-12)
         x1 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x1, scale[:, None]), -448.0, 448.0))
         x2 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x2, scale[:, None]), -448.0, 448.0))
         tl.store(scale_ptr + ((slot // PAGE_SIZE) * num_kv_heads + heads) * PAGE_SIZE + slot % PAGE_SIZE, scale,

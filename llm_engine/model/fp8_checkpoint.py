@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from llm_engine.kernels.fp8_quant import quantize_fp8_weight_ref
-from llm_engine.kernels.kv_store import FP8_E4M3_MAX, FP8_SCALE_MIN
+from llm_engine.kernels.kv_store import FP8_E4M3_MAX, fp8_scale_ref
 
 QUANTIZED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,7 +41,7 @@ def quantize_weight(weight: torch.Tensor, strategy: str = "channel") -> tuple[to
         return values, scale[:, None]
     if strategy != "tensor":
         raise ValueError(f"strategy must be 'channel' or 'tensor', got {strategy!r}")
-    scale = (weight.float().abs().amax() / FP8_E4M3_MAX).clamp(min=FP8_SCALE_MIN).reshape(1)
+    scale = fp8_scale_ref(weight.float().abs().amax()).reshape(1)  # as the per-channel scales, on any device
     values = (weight.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return values, scale
 

@@ -21,6 +21,7 @@ from llm_engine.kernels import (
     skinny_linear,
     skinny_linear_ref,
 )
+from llm_engine.kernels.kv_store import FP8_E4M3_INV_MAX
 from llm_engine.kernels.launch_config import launch_params_for_rows, override_launch_params
 
 FP8 = torch.float8_e4m3fn
@@ -65,6 +66,28 @@ def test_per_token_quantization_matches_ref_bit_for_bit(gen, device, dtype, rows
     assert values.dtype == FP8 and scale.dtype == torch.float32 and scale.shape == (rows,)
     assert same_bytes(values, expected_values)
     assert torch.equal(scale, expected_scale)
+
+
+def test_scales_are_one_float32_multiplication_on_every_device(gen, device):
+    """scale = amax * float32(1 / 448) rounded once, by the kernel and the references alike, on any device
+    (torch's own `amax / 448` is a division on the CPU and a multiplication by the float32 reciprocal on CUDA:
+    an ulp apart in about half the rows). Row 0 is such a row (amax 3.875) and holds values exactly halfway
+    between two e4m3 values of its grid (midpoints 336, 168, 84, 42 times 3.875 / 448, exact in bf16), which a
+    scale an ulp off rounds a whole e4m3 step the other way: on the H200 (2026-12-04) the CUDA reference's
+    scales were an ulp above the kernel's, and fp8_linear and bench_kernels' M=16 check failed on such rows."""
+    ties = torch.tensor([2.90625, 1.453125, 0.7265625, 0.36328125])
+    x = randn(gen, 4, 64, scale=2.0)
+    x[0, :9] = torch.cat([torch.tensor([3.875]), ties, -ties])
+    x = x.to(dtype=torch.bfloat16, device=device)
+    amax = x.float().abs().amax(1).double()
+    definition = (amax * FP8_E4M3_INV_MAX).float()  # the float64 product of two float32s is exact: one rounding
+    divided = (amax / 448.0).float()  # amax / 448 correctly rounded
+    assert definition[0] == divided[0].nextafter(torch.ones_like(divided[0]))  # an ulp apart in row 0
+    results = {quantize.__name__: quantize(x) for quantize in (quantize_fp8_per_token_ref, quantize_fp8_per_token,
+                                                              quantize_fp8_weight_ref)}
+    for name, (values, scale) in results.items():
+        assert torch.equal(scale, definition), name
+        assert same_bytes(values, results["quantize_fp8_per_token_ref"][0]), name
 
 
 def test_per_token_quantization_with_a_static_scale(gen, device):
