@@ -20,7 +20,10 @@ bf16 torch matmul (cuBLAS), W8A8 through the Triton FP8 GEMM and through torch._
 the per-token activation quantization the engine runs before it), printing TB/s, TFLOP/s and the
 floor (the larger of the least bytes over the copy bandwidth and the FLOPs over the measured peak:
 bf16 torch.matmul, or torch._scaled_mm 8192^3 for FP8); then which backend to name per row bucket
-in the launch config's fp8_gemm section (with --sweep, the Triton tiles too). `layer_small_batch_fp8`
+in the launch config's fp8_gemm section (with --sweep, the Triton tiles too). Their check: the exact
+product of the quantized operands on every row tile, within fp8_gemm_error_bound's model of the GEMM
+that ran (float32 sums; Hopper's fast accumulation on its FP8 tensor cores and in cuBLAS, whose error
+grows with K), not one atol and rtol for all shapes. `layer_small_batch_fp8`
 times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones and the
 unfused FP8 path at M = 1 .. 16. `prefill_16k_chunk` is workload (c)'s second prefill chunk (8192
 queries over a 16k context) with bf16 KV, FP8 KV read by the kernel as e4m3 tiles, and FP8 KV copied to
@@ -59,7 +62,8 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 
 from llm_engine import kernels as K  # noqa: E402
 from llm_engine.kernels.decode_attention import _choose_num_splits  # noqa: E402
-from llm_engine.kernels.launch_config import launch_params, override_launch_params  # noqa: E402
+from llm_engine.kernels.fp8_gemm import accumulation_model, scaled_mm_fits  # noqa: E402
+from llm_engine.kernels.launch_config import launch_params, launch_params_for_rows, override_launch_params  # noqa: E402
 from llm_engine.model.layers.rotary_embedding import compute_cos_sin_cache  # noqa: E402
 
 from benchmarks import record  # noqa: E402
@@ -143,6 +147,19 @@ def expect_close(case, actual, expected, atol=2e-2, rtol=2e-2):
     # bf16 rounds q, k, v and the softmax weights to 8 mantissa bits; the refs work in float32.
     torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol,
                                msg=lambda m: f"{case}: kernel does not match its reference\n{m}")
+
+
+def expect_within(case, actual, exact, bound):
+    """|actual - exact| <= bound per element: an error model's bound (fp8_gemm_error_bound's), absolute per
+    element, so an element near zero is held to its terms' roundings, not to a relative tolerance."""
+    error = (actual.double() - exact).abs()
+    beyond = error > bound
+    if beyond.any():
+        row, col = divmod(int((error / bound).argmax()), actual.shape[1])
+        raise AssertionError(f"{case}: kernel does not match its reference: {int(beyond.sum())} of {actual.numel()} "
+                             f"elements beyond the error bound; worst ({row}, {col}): {actual[row, col].item()} vs "
+                             f"exact {exact[row, col].item()}, |error| {error[row, col].item():.3g} > "
+                             f"{bound[row, col].item():.3g}")
 
 
 def expect_close_norm(case, actual, expected, bound):
@@ -381,6 +398,15 @@ def fp8_gemm_tiles(rows: int) -> list[tuple[dict, dict]]:
               "GROUP_M": g}, {}) for m, n, k, w, st, g in tiles]
 
 
+def fp8_check_rows(rows: int, device) -> torch.Tensor:
+    """The rows an FP8 GEMM's check compares: all of up to 256, else one in each block of 16 (at a different
+    offset in each) and the last: every row tile of every config, at a sixteenth of the exact products' cost."""
+    if rows <= 256:
+        return torch.arange(rows, device=device)
+    blocks = torch.arange(rows // 16, device=device)
+    return torch.cat([blocks * 16 + blocks * 7 % 16, torch.tensor([rows - 1], device=device)]).unique()
+
+
 def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     """A layer's four projections of `rows` rows: bf16 F.linear, and W8A8 (per-token quantization, then the
     GEMM) by the Triton kernel and by torch._scaled_mm, each through the engine's fp8_linear with the
@@ -397,12 +423,31 @@ def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     shape = f"M={rows}, hidden {s.hidden}, MLP {s.gate_up // 2}"
     linear = torch.nn.functional.linear
     bf16_expected = [(x.float() @ w.float().T) for x, w in zip(xs, weights)]
-    fp8_expected = [K.fp8_linear_ref(x, q, scale) for x, (q, scale) in zip(xs, quantized)]
+    # FP8: the exact product of the quantized operands and fp8_gemm_error_bound for the GEMM that ran (float32
+    # sums for 16- and 32-row tiles, Hopper's fast accumulation, growing with K, for the FP8 tensor cores and
+    # cuBLAS), on the rows fp8_check_rows picks; x quantized as the reference does (the kernel matches it bit
+    # for bit: a scale an ulp off moves whole e4m3 steps, beyond the bound).
+    picked = fp8_check_rows(rows, xs[0].device)
+    quantized_x = [K.quantize_fp8_per_token_ref(x[picked]) for x in xs]
+    exact_and_bounds = {}
 
     def check(expected, name):
         def compare(outs):
             for out, ref in zip(outs, expected):
                 expect_close(name, out, ref, atol=3e-2, rtol=2e-2)
+        return compare
+
+    def fp8_check(backend, name):
+        def compare(outs):
+            for i, (out, x, (a, a_scale), (q, scale)) in enumerate(zip(outs, xs, quantized_x, quantized)):
+                params = {**launch_params_for_rows("fp8_gemm", x.device, rows), "backend": backend}
+                if backend == "scaled_mm" and not scaled_mm_fits(x, q):
+                    params["backend"] = "triton"
+                model = accumulation_model(x.device, params)
+                key = (i, tuple(sorted(model.items())))
+                if key not in exact_and_bounds:
+                    exact_and_bounds[key] = K.fp8_gemm_error_bound(a, a_scale, q, scale, out_dtype=out.dtype, **model)
+                expect_within(name, out[picked], *exact_and_bounds[key])
         return compare
 
     def fp8_chain(backend):
@@ -416,7 +461,7 @@ def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
                      check=check(bf16_expected, f"bf16 M={rows}"), bytes=bf16_bytes, flops=flops)]
     for backend in FP8_BACKENDS:
         benches.append(Bench(f"layer GEMMs M={rows} fp8 {backend}", shape, "fp8_gemm" if backend == "triton" else None,
-                             call=fp8_chain(backend), check=check(fp8_expected, f"fp8 {backend} M={rows}"),
+                             call=fp8_chain(backend), check=fp8_check(backend, f"fp8 {backend} M={rows}"),
                              bytes=fp8_bytes, flops=flops, peak="fp8",
                              candidates=fp8_gemm_tiles(rows) if backend == "triton" else []))
     return benches

@@ -2,7 +2,13 @@
 (apply_rotary_ref and write_kv_cache_ref are the two halves of rotary_and_write_kv_ref)."""
 from llm_engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from llm_engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
-from llm_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, fp8_linear, fp8_linear_ref
+from llm_engine.kernels.fp8_gemm import (
+    fp8_gemm,
+    fp8_gemm_error_bound,
+    fp8_gemm_ref,
+    fp8_linear,
+    fp8_linear_ref,
+)
 from llm_engine.kernels.fp8_quant import (
     dequantize_fp8_weight_ref,
     quantize_fp8_per_token,
@@ -38,6 +44,7 @@ __all__ = [
     "dequantize_fp8_weight_ref",
     "fits_skinny_linear",
     "fp8_gemm",
+    "fp8_gemm_error_bound",
     "fp8_gemm_ref",
     "fp8_linear",
     "fp8_linear_ref",

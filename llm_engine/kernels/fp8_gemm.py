@@ -8,6 +8,10 @@ the FP8 tensor cores keep fewer bits while they add (cuBLAS's "fast accumulation
 `max_num_imprecise_acc` (null: Triton's default, which never promotes there) moves the sum into float32
 every that many of K, as `fast_accum` false does for torch._scaled_mm.
 
+How close to fp8_gemm_ref a correct result is, per element, is fp8_gemm_error_bound's error model (the
+tests' and the benchmark's tolerance): float32 sums in any order, Hopper's fast accumulation where it
+applies, the epilogue's and the output's roundings.
+
 `fp8_linear` is what a quantized projection calls: quantize x per token (or with a static input
 scale), then the GEMM by the backend that the launch config's row bucket names ("m<=R" entries of
 `fp8_gemm`, launch_config.launch_params_for_rows): "triton" (this kernel, with that bucket's tiles)
@@ -39,6 +43,15 @@ from llm_engine.kernels.fp8_quant import (
 from llm_engine.kernels.launch_config import interpreting, launch_params_for_rows
 
 BACKENDS = ("triton", "scaled_mm")
+# Hopper's FP8 tensor cores (wgmma ... e4m3, which tl.dot on e4m3 tiles of 64 rows or more compiles to, and
+# cuBLAS's fast accumulation) add each instruction's 32 products along K into an accumulator that keeps 13
+# mantissa bits ("FP22": SageAttention2, Zhang et al. 2024; DeepSeek-V3's report: "around 14 bits"), truncating.
+# Tiles of fewer rows run mma.sync on the e4m3 values converted to fp16 (exactly: every e4m3 value is an fp16
+# value) with float32 sums; the interpreter multiplies in float32.
+FAST_ACCUM_GROUP = 32
+FAST_ACCUM_ULP = 2.0 ** -13  # one truncation to 14 significant bits loses less than this much of the value
+# Unit roundoff of an output dtype: a correctly rounded result is within this much of its value.
+_UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
 
 def fp8_gemm_ref(
@@ -56,6 +69,97 @@ def fp8_gemm_ref(
     if bias is not None:
         out += bias.float()
     return out.to(out_dtype)
+
+
+def fp8_gemm_error_bound(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    fast_accum: bool = False,
+    promote_every: int | None = None,
+    k_in_order: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact result of fp8_gemm_ref's product (float64 [M, N], bias added) and how far a correct GEMM's
+    result in out_dtype may be from it, per element (float32 [M, N]), from this error model (the e4m3
+    products are exact everywhere; S = sum_k |a_k b_k|, P_i the running sum after the i-th group of
+    FAST_ACCUM_GROUP products along K):
+
+    - float32 sums: each addition into the accumulator rounds (or truncates) within 2^-23 of the running
+      sum, so 2^-23 (sum_i |P_i| + 256 S), the 256 S for products summed in an unknown order within a tile
+      (the interpreter's tl.dot over BLOCK_K <= 256);
+    - with `fast_accum` (Hopper's FP8 tensor cores, FAST_ACCUM_GROUP): each addition of a group's 32
+      products truncates the accumulator to 14 significant bits: 2^-13 (S + sum_i |P_i|), the S term for
+      what the instruction loses aligning its products. `promote_every` (Triton's max_num_imprecise_acc,
+      cuBLAS without fast accumulation): the running sum restarts every that many of K and its results
+      are added in float32;
+    - `k_in_order` False (cuBLAS, which may split K into slices summed apart): a slice's running sums are
+      within max_i |P_i| of the whole pass's, which adds (K / 32) max_i |P_i| to each sum over i;
+    - the epilogue (both scales, the bias): a few float32 roundings;
+    - the output dtype: the kernel's result within one ulp (the interpreter truncates to bf16), and
+      torch._scaled_mm's rounding before its bias is added in that dtype.
+
+    The fast accumulation's error grows with K (about K / 32 truncations), while a result may be near zero
+    whatever its terms: the bound is absolute, per element, from the sums' magnitudes. Computed in float64,
+    in slices of rows."""
+    _check_gemm_args(a, a_scale, b, b_scale, bias, out_dtype)
+    (m, k), n = a.shape, b.shape[0]
+    groups = triton.cdiv(max(k, 1), FAST_ACCUM_GROUP)
+    pad = groups * FAST_ACCUM_GROUP - k
+    interval = groups if promote_every is None else max(1, promote_every // FAST_ACCUM_GROUP)
+    b_groups = torch.nn.functional.pad(b.double(), (0, pad)).view(n, groups, FAST_ACCUM_GROUP).permute(1, 2, 0)
+    b_abs = b_groups.abs()
+    bias64 = torch.zeros(n, dtype=torch.float64, device=a.device) if bias is None else bias.double()
+    u_out = _UNIT_ROUNDOFF[out_dtype]
+    exact = torch.empty((m, n), dtype=torch.float64, device=a.device)
+    bound = torch.empty((m, n), dtype=torch.float32, device=a.device)
+    steps = torch.arange(groups, device=a.device)
+
+    def running_sums(sums, restart_every):
+        """|P_i| summed over i (+ the slices' term), the running sums restarting every restart_every groups."""
+        running = sums.cumsum(0)
+        if restart_every < groups:
+            before = torch.cat([torch.zeros_like(running[:1]), running[:-1]])
+            running = running - before[steps // restart_every * restart_every]
+        running = running.abs()
+        total = running.sum(0)
+        return total if k_in_order else total + groups * running.amax(0)
+
+    rows = max(1, (1 << 24) // max(1, n * groups))
+    for start in range(0, m, rows):
+        a_groups = torch.nn.functional.pad(a[start:start + rows].double(), (0, pad))
+        a_groups = a_groups.view(-1, groups, FAST_ACCUM_GROUP).transpose(0, 1)
+        sums = torch.bmm(a_groups, b_groups)  # [groups, rows, N]: each group's sum of products, exact
+        abs_sum = torch.bmm(a_groups.abs(), b_abs).sum(0)
+        err = 2.0 ** -23 * (running_sums(sums, groups) + 256 * abs_sum)
+        if fast_accum:
+            err += FAST_ACCUM_ULP * (abs_sum + running_sums(sums, interval))
+        scale = a_scale[start:start + rows].double()[:, None] * b_scale.double()[None, :]
+        product = sums.sum(0) * scale
+        exact[start:start + rows] = product + bias64
+        err = err * scale + 2.0 ** -21 * (abs_sum * scale + bias64.abs())
+        err += u_out * (2 * (exact[start:start + rows].abs() + err) + product.abs())
+        bound[start:start + rows] = err.float()
+    return exact, bound
+
+
+def accumulation_model(device: torch.device, params: dict) -> dict:
+    """fp8_gemm_error_bound's keyword arguments for the GEMM that fp8_linear runs on `device` with the launch
+    `params` of its row bucket (where torch._scaled_mm cannot take the product, pass the params with backend
+    "triton"): float32 sums on the CPU and in the interpreter; torch._scaled_mm's fast accumulation (without
+    it cuBLAS promotes partial sums, which the same bound covers), K possibly split; the Triton kernel's FP8
+    tensor cores, promoted every max_num_imprecise_acc of K when set, except on Hopper for tiles of fewer
+    than 64 rows, which Triton runs as fp16 mma.sync with float32 sums (cvt e4m3 -> f16, exact)."""
+    if device.type != "cuda" or interpreting():
+        return {}
+    if params["backend"] == "scaled_mm":
+        return {"fast_accum": True, "k_in_order": False}
+    if params["BLOCK_M"] < 64 and torch.cuda.get_device_capability(device) == (9, 0):
+        return {}
+    return {"fast_accum": True, "promote_every": params.get("max_num_imprecise_acc")}
 
 
 # The row count changes with the batch: not specialised on, so one variant per weight shape and tile.
