@@ -6,7 +6,9 @@ How close the FP8 model must be, stated:
 - to the exact W8A8 function: HF transformers on the same checkpoint, every decoder projection's weight
   replaced by its dequantized e4m3 values and its input quantized per token and dequantized (fake
   quantization, float32): within 1e-4 like the unquantized parity tests (test_model_parity.py), on every
-  path (torch references, the fused small-batch projections, the Triton kernels in the interpreter);
+  path on the CPU (torch references, the fused small-batch projections, the Triton kernels in the
+  interpreter); on a GPU, whose FP8 tensor cores sum with 14 bits, within per-position bounds of the
+  relative logit error set from an emulation of that accumulation (GPU_MEAN_REL, GPU_MAX_REL);
 - to the unquantized model on the same weights: the tiny random models amplify any perturbation (their
   weights have std 0.3: quantizing the weights alone already moves the logits by ~18%), so the bound is
   loose: relative logit error ||fp8 - ref|| / ||ref|| per position, mean <= 0.35 and max <= 1.25
@@ -16,6 +18,7 @@ How close the FP8 model must be, stated:
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import shutil
 import sys
@@ -37,6 +40,7 @@ from llm_engine.kernels import (
     quantize_fp8_per_token_ref,
     quantize_fp8_weight_ref,
 )
+from llm_engine.kernels.fp8_gemm import FAST_ACCUM_GROUP
 from llm_engine.kernels.launch_config import override_launch_params
 from llm_engine.model import ops
 from llm_engine.model.fp8_checkpoint import quantize_weight, write_fp8_checkpoint
@@ -53,9 +57,19 @@ PROMPTS = [
     "Retrieval augmented generation combines a search engine with a language model, so",
 ]
 ATOL = 1e-4
-# On a GPU the FP8 tensor cores accumulate the e4m3 products with fewer bits than float32 (Hopper's
-# fast accumulation, Triton's default for FP8 dots there): float32 models' logits move further.
-GPU_ATOL = 2e-3
+# On a GPU no elementwise bound holds: the prefill's W8A8 GEMMs run on Hopper's FP8 tensor cores, whose running sums
+# keep 14 significant bits (kernels/fp8_gemm.py, fp8_gemm_error_bound: ~1e-4 of a sum, growing with K), and every
+# projection quantizes its input to e4m3 again, where an input that close to a rounding boundary moves a whole e4m3
+# step (up to 1/8 of it). A few such steps per token, which these tiny random models amplify: on the H200 (2026-12-04)
+# the prefill logits moved up to 0.71-0.96 from HF fake-quantized (87-95% of them beyond 2e-3; the emulation below
+# gives 0.73-0.95 and 76-89%). Emulated on the CPU (every GEMM's running sum truncated to 14 significant bits after
+# each 32 products of K; 13 and 12 bits for margin), per position ||fp8 - ref|| / ||ref||: prefill mean 0.029-0.034
+# (0.035-0.057 at 12-13 bits), max 0.076-0.137 (0.086-0.125); W8A8 decode steps (tiny-llama) mean 0.048, max 0.075
+# (0.064 and 0.092 at 13 bits). So on a GPU: mean <= GPU_MEAN_REL and every position <= GPU_MAX_REL, still below the
+# smallest wiring error measured alike: activations left unquantized (W8A16 instead of W8A8) move them by mean
+# 0.14-0.20, max 0.42-0.58; a wrong scale, weight or stale graph input by O(1).
+# test_gpu_bounds_hold_under_emulated_fast_accumulation re-measures both sides on the CPU.
+GPU_MEAN_REL, GPU_MAX_REL = 0.08, 0.25
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -375,6 +389,33 @@ class FakeQuantizedHF:
         return self.model(torch.tensor([ids])).logits[0]
 
 
+def hf_step(model, ids: list[list[int]], cache=None):
+    """One HF forward with its KV cache -> (logits, the cache). The keyword is `cache` since transformers 5.2x
+    and `past_key_values` before (the GPU image's 5.17); an unknown keyword disappears into **kwargs there,
+    and the step runs without its context (the H200 run of 2026-12-04: decode logits 12 off)."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.no_grad():
+        out = model(torch.tensor(ids), use_cache=True, **({name: cache} if cache is not None else {}))
+    return out.logits, out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def relative_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """||got - expected|| / ||expected|| per position (row)."""
+    return (got - expected).norm(dim=-1) / expected.norm(dim=-1)
+
+
+def assert_w8a8_logits(got: torch.Tensor, expected: torch.Tensor, device: str) -> None:
+    """The engine's logits [positions, vocab] against HF fake-quantized: elementwise within ATOL on the CPU;
+    on a GPU within GPU_MEAN_REL / GPU_MAX_REL per position (why: at their definition)."""
+    if device == "cpu":
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+        return
+    errors = relative_errors(got, expected)
+    assert errors.mean() <= GPU_MEAN_REL and errors.max() <= GPU_MAX_REL, (
+        f"relative logit error per position: mean {errors.mean():.4f} (bound {GPU_MEAN_REL}), max "
+        f"{errors.max():.4f} (bound {GPU_MAX_REL}) at position {int(errors.argmax())}")
+
+
 @pytest.fixture(scope="module")
 def hf_fake_quantized(tiny_checkpoints):
     return {arch: FakeQuantizedHF(tiny_checkpoints[arch]) for arch in ARCHS}
@@ -395,12 +436,39 @@ def run_device(request):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fp8_model_computes_the_w8a8_function(arch, run_device, tiny_checkpoints, hf_fake_quantized):
-    """Prefill logits at every position against HF fake-quantized, within the unquantized parity's 1e-4."""
+    """Prefill logits at every position against HF fake-quantized: on the CPU within the unquantized parity's
+    1e-4, on a GPU within the fast accumulation's bounds (GPU_MEAN_REL, GPU_MAX_REL)."""
     runner = make_runner(tiny_checkpoints[arch], run_device, quantization="fp8")
     for text in PROMPTS:
         ids = runner.tokenizer.encode(text)
-        torch.testing.assert_close(every_position_logits(runner, ids), hf_fake_quantized[arch](ids),
-                                   atol=ATOL if run_device == "cpu" else GPU_ATOL, rtol=0)
+        assert_w8a8_logits(every_position_logits(runner, ids), hf_fake_quantized[arch](ids), run_device)
+
+
+def decode_steps(runner, hf: FakeQuantizedHF, quantize_decode_inputs: bool, steps: int = 4):
+    """A prefill of the two prompts but their last 4 tokens (W8A8), then `steps` teacher-forced decode steps of
+    both -> (the engine's logits, HF's with its KV cache), [2 * steps, vocab] each; HF quantizes its inputs in
+    the prefill, and in the decode steps when quantize_decode_inputs."""
+    texts = [runner.tokenizer.encode(t) for t in PROMPTS]
+    seqs, caches = [], []
+    hf.quantize_inputs = True
+    try:
+        for i, ids in enumerate(texts):
+            seq = Sequence(token_ids=list(ids[:-4]), sampling_params=None)
+            seq.block_table = list(range(32 * i, 32 * i + 32))
+            seqs.append(seq)
+            caches.append(hf_step(hf.model, [ids[:-4]])[1])
+        runner.execute(ScheduledBatch(seqs, [len(s) for s in seqs], [True] * len(seqs)))
+        hf.quantize_inputs = quantize_decode_inputs
+        got, expected = [], []
+        for _ in range(steps):
+            for seq, ids in zip(seqs, texts):
+                seq.num_computed_tokens = len(seq)
+                seq.append_token(ids[len(seq)])
+            got.append(runner.execute(ScheduledBatch(seqs, [1, 1], [True, True])).cpu())
+            expected += [hf_step(hf.model, [[seq.token_ids[-1]]], cache)[0][0, -1] for seq, cache in zip(seqs, caches)]
+    finally:
+        hf.quantize_inputs = True
+    return torch.cat(got), torch.stack(expected)
 
 
 def test_fp8_decode_steps_compute_the_w8a8_function(run_device, tiny_checkpoints, hf_fake_quantized,
@@ -410,31 +478,47 @@ def test_fp8_decode_steps_compute_the_w8a8_function(run_device, tiny_checkpoints
     quantized in the prefill and in the decode steps as the path does. On a GPU the decode steps replay
     CUDA graphs."""
     runner = make_runner(tiny_checkpoints["tiny-llama"], run_device, quantization="fp8")
-    hf = hf_fake_quantized["tiny-llama"]
-    texts = [runner.tokenizer.encode(t) for t in PROMPTS]
-    seqs, caches = [], []
-    for i, ids in enumerate(texts):
-        seq = Sequence(token_ids=list(ids[:-4]), sampling_params=None)
-        seq.block_table = list(range(32 * i, 32 * i + 32))
-        seqs.append(seq)
-        hf.quantize_inputs = True
-        with torch.no_grad():
-            caches.append(hf.model(torch.tensor([ids[:-4]]), use_cache=True).past_key_values)
-    runner.execute(ScheduledBatch(seqs, [len(s) for s in seqs], [True] * len(seqs)))
-    hf.quantize_inputs = small_batch_fusion == "unfused"
-    try:
-        for _ in range(4):
-            for seq, ids in zip(seqs, texts):
-                seq.num_computed_tokens = len(seq)
-                seq.append_token(ids[len(seq)])
-            logits = runner.execute(ScheduledBatch(seqs, [1, 1], [True, True])).cpu()
-            for row, seq, cache in zip(logits, seqs, caches):
-                with torch.no_grad():
-                    expected = hf.model(torch.tensor([[seq.token_ids[-1]]]), cache=cache,
-                                        use_cache=True).logits[0, -1]
-                torch.testing.assert_close(row, expected, atol=ATOL if run_device == "cpu" else GPU_ATOL, rtol=0)
-    finally:
-        hf.quantize_inputs = True
+    got, expected = decode_steps(runner, hf_fake_quantized["tiny-llama"], small_batch_fusion == "unfused")
+    assert_w8a8_logits(got, expected, run_device)
+
+
+def fast_accumulating_fp8_linear(bits: int, quantize_inputs: bool = True):
+    """ops.fp8_linear as Hopper's FP8 tensor cores compute it (fp8_gemm_error_bound's fast accumulation):
+    x quantized per token as the reference does (or, quantize_inputs False, left as it is: W8A16), the
+    products summed exactly within each group of FAST_ACCUM_GROUP along K, the running sum truncated to
+    `bits` significant bits after each group."""
+    def linear(x, weight, weight_scale, bias=None, input_scale=None):
+        if quantize_inputs:
+            a, a_scale = quantize_fp8_per_token_ref(x, input_scale)
+        else:
+            a, a_scale = x, torch.ones(x.shape[0])
+        a, b = a.double(), weight.double()
+        acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
+        for k in range(0, a.shape[1], FAST_ACCUM_GROUP):
+            mantissa, exponent = torch.frexp(acc + a[:, k:k + FAST_ACCUM_GROUP] @ b[:, k:k + FAST_ACCUM_GROUP].T)
+            acc = torch.ldexp(torch.trunc(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent)
+        out = acc.float() * a_scale.float()[:, None] * weight_scale[None, :]
+        return (out if bias is None else out + bias.float()).to(x.dtype)
+    return linear
+
+
+def test_gpu_bounds_hold_under_emulated_fast_accumulation(monkeypatch, tiny_checkpoints, hf_fake_quantized):
+    """Where GPU_MEAN_REL and GPU_MAX_REL come from, re-measured on the CPU: the model with every W8A8 GEMM
+    summed as Hopper's FP8 tensor cores do, but one bit worse (13 significant bits), stays within them in
+    prefill and decode; with its activations left unquantized (a wiring error they must catch) it does not."""
+    monkeypatch.setattr(ops, "fp8_linear", fast_accumulating_fp8_linear(bits=13))
+    for arch in ARCHS:
+        runner = make_runner(tiny_checkpoints[arch], quantization="fp8")
+        ids = [runner.tokenizer.encode(text) for text in PROMPTS]
+        got = torch.cat([every_position_logits(runner, i) for i in ids])
+        assert_w8a8_logits(got, torch.cat([hf_fake_quantized[arch](i) for i in ids]), "cuda")
+    runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8")
+    assert_w8a8_logits(*decode_steps(runner, hf_fake_quantized["tiny-llama"], True), "cuda")
+    monkeypatch.setattr(ops, "fp8_linear", fast_accumulating_fp8_linear(bits=13, quantize_inputs=False))
+    runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8")
+    ids = runner.tokenizer.encode(PROMPTS[1])
+    with pytest.raises(AssertionError, match="relative logit error"):
+        assert_w8a8_logits(every_position_logits(runner, ids), hf_fake_quantized["tiny-llama"](ids), "cuda")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels run compiled in the tests above")
