@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 RUN_DIR_ENV = "LLM_ENGINE_RUN_DIR"  # default: <tmp>/llm-engine-<uid>
+MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its terminating zero)
 
 
 def run_directory() -> Path:
@@ -69,7 +70,11 @@ class EngineShare:
         process whose clients share it (default: this process's parent, the server of a model's stubs)."""
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
         key = f"{os.getppid() if owner is None else owner}-{digest}"
-        return cls(key, max(1, max_clients), tuple(label), directory or run_directory())
+        share = cls(key, max(1, max_clients), tuple(label), directory or run_directory())
+        if len(os.fsencode(share.socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(f"{share.socket_path}: longer than a Unix socket's path may be ({MAX_SOCKET_PATH} bytes); "
+                             f"set ${RUN_DIR_ENV} to a shorter directory")
+        return share
 
     @property
     def socket_path(self) -> Path:

@@ -46,7 +46,7 @@ def test_the_engine_is_named_by_model_version_device_and_settings(tmp_path, monk
     share = engine_share("llm", "1", model_config, Config("cuda:0"), 4)
     assert share.max_clients == 4 and share.directory == tmp_path / "run"
     assert share.label[:4] == ("--model", "llm/1", "--device", "cuda:0")
-    assert len(str(share.socket_path)) < 100  # a Unix socket's path is at most 107 bytes
+    assert len(share.socket_path.name) < 40  # the default directory, /tmp/llm-engine-<uid>, leaves room
     same = engine_share("llm", "1", model_config, Config("cuda:0"), 4)
     assert same.key == share.key
     others = [engine_share("llm", "2", model_config, Config("cuda:0"), 4),
@@ -68,6 +68,8 @@ def test_the_run_directory_is_private(tmp_path, monkeypatch):
     share = EngineShare.named({"x": 1}, 2, directory=tmp_path)
     with share.locked():
         assert share.lock_path.exists()
+    with pytest.raises(ValueError, match="longer than a Unix socket's path may be"):
+        EngineShare.named({"x": 1}, 2, directory=tmp_path / ("d" * 100))
 
 
 def test_the_gpu_config_is_the_llms_with_eight_instances():
