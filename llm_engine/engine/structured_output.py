@@ -134,19 +134,21 @@ class PendingGrammar:
         return None
 
 
-# xgrammar 0.2.8 writes a string with minLength/maxLength as characters that exclude only quote,
-# backslash, CR and LF: other control characters, invalid in JSON text, pass. They are excluded here.
-_LENGTH_BOUNDED_CHAR = r'[^\"\\\r\n]'
-_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+# xgrammar 0.2.8 writes a string's characters as a class that lets through what JSON text cannot hold:
+# with minLength/maxLength it excludes only quote, backslash, CR and LF (other control characters pass),
+# and both classes take UTF-8 encodings of UTF-16 surrogates (a random model wrote ED B9 84). Both are
+# replaced by the class of JSON's unescaped characters.
+_STRING_CHARS = (r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]')
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
 
 
 def _json_schema_grammar(xgr, schema: str):
     """The schema's grammar, compact (with free whitespace a model may pad forever before closing
     the object) and emitting only valid JSON strings."""
-    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
-    text = str(grammar)
-    return xgr.Grammar.from_ebnf(text.replace(_LENGTH_BOUNDED_CHAR, _JSON_STRING_CHAR)) if _LENGTH_BOUNDED_CHAR in text \
-        else grammar
+    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    for chars in _STRING_CHARS:
+        text = text.replace(chars, _JSON_STRING_CHAR)
+    return xgr.Grammar.from_ebnf(text)
 
 
 def _xgrammar_reason(exc: Exception) -> str:

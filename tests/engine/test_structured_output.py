@@ -107,6 +107,21 @@ def test_an_ebnf_grammar_is_followed(llm):
             assert re.match(r"\((?:[1-9][0-9]?\+)*", out.text), out.text
 
 
+@pytest.mark.parametrize("string", [{"type": "string"}, {"type": "string", "maxLength": 4}])
+def test_json_strings_take_no_utf8_encoded_surrogate(llm, string):
+    """xgrammar 0.2.8 let a random model write ED B9 84 (U+DE44, which JSON text cannot hold) in a string."""
+    tokenizer = llm.engine.tokenizer
+    surrogate = [172, 120, 229]  # tiny-llama's byte tokens for ED B9 84
+    assert tokenizer.hf_tokenizer.convert_ids_to_tokens(surrogate) == ["í", "¹", "Ħ"]
+    compiler = GrammarCompiler(tokenizer, llm.engine.vocab_size, tokenizer.eos_token_ids, compile_timeout_s=10)
+    compiled = compiler.submit(StructuredOutputs(json=string)).result()
+    matcher = compiler.matcher(compiled).matcher
+    assert matcher.accept_string('"A') and matcher.accept_token(surrogate[0])
+    assert not matcher.accept_token(surrogate[1])
+    assert compiler.matcher(compiled).matcher.accept_string('"Aé"')  # other characters beyond ASCII pass
+    compiler.close()
+
+
 # --- the rest of the engine keeps the constraint ----------------------------------------------
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
