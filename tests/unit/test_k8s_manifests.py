@@ -190,7 +190,7 @@ def test_triton_runs_as_compose_runs_it_with_its_http_behind_the_gateway(everyth
         # The same repositories, relative to where each mounts them, and the same model control and shm.
         assert [a.replace(root, "/models") for a in args if a.startswith("--model-repository=")] == \
             [a for a in compose if a.startswith("--model-repository=")]
-        for prefix in ("--model-control-mode=", "--load-model=", "--backend-config="):
+        for prefix in ("--model-control-mode=", "--load-model=", "--model-config-name=", "--backend-config="):
             assert [a for a in args if a.startswith(prefix)] == [a for a in compose if a.startswith(prefix)], prefix
         # The admin key's flags as admin_key writes them, the key from the Secret through the env var.
         assert [a for a in args if "restricted" in a] == [
