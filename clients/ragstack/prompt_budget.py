@@ -69,7 +69,7 @@ def effective_max_tokens(max_tokens_tensor: int | None, sampling_parameters: str
     raw = sampling_parameters if sampling_parameters is not None else request_parameters
     try:
         values = json.loads(raw) if raw else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the stack: the llm refuses it, naming the input
         return DEFAULT_MAX_TOKENS
     if not isinstance(values, dict) or "max_tokens" not in values:
         return DEFAULT_MAX_TOKENS
