@@ -80,7 +80,8 @@ def effective_max_tokens(max_tokens_tensor: int | None, sampling_parameters: str
         number = float(value)
     except (TypeError, ValueError):
         return DEFAULT_MAX_TOKENS
-    return int(number) if number >= 1 and number == int(number) else DEFAULT_MAX_TOKENS
+    # Past INT32 (infinity included) the llm refuses it, naming the value.
+    return int(number) if 1 <= number < 2**31 and number.is_integer() else DEFAULT_MAX_TOKENS
 
 
 class PromptBudget:

@@ -72,6 +72,8 @@ def test_the_json_answer_instruction_is_counted(budget):
     (None, json.dumps({"max_tokens": -3}), None, 16),             # the llm refuses it, naming it
     (None, "not json", None, 16),
     (None, "[" * 100_000 + "]" * 100_000, None, 16),               # past Python's stack: the llm refuses it
+    (None, '{"max_tokens": 1e400}', None, 16),                     # infinity: the llm refuses it
+    (None, '{"max_tokens": ' + "9" * 40 + "}", None, 16),           # past INT32 (and 32 digits): likewise
 ])
 def test_max_tokens_as_the_llm_resolves_it(tensor, sampling, parameters, expected):
     assert effective_max_tokens(tensor, sampling, parameters, 256) == expected
