@@ -23,6 +23,7 @@ Whitespace between content and calls is not content; `parallel` False keeps the 
 """
 from __future__ import annotations
 
+import abc
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ class _Content:
         return "" if called else text
 
 
-class Reader:
+class Reader(abc.ABC):
     """The interface: feed text, then finish; `calls` counts the tool calls sent."""
 
     def __init__(self, parallel: bool = True):
@@ -104,8 +105,9 @@ class Reader:
     def calls(self) -> int:
         return self._calls.count
 
+    @abc.abstractmethod
     def feed(self, text: str) -> Delta:
-        raise NotImplementedError
+        """The delta the text adds: content, and tool calls complete or in part."""
 
     def finish(self) -> Delta:
         return Delta()
