@@ -27,13 +27,16 @@ def _is_finite(value: int | float) -> bool:
 class StructuredOutputs:
     """A constraint the output must follow (vLLM's StructuredOutputsParams): exactly one of a JSON
     schema (a dict or its JSON text), any JSON object, a regular expression, one of a list of
-    strings, or an EBNF grammar (xgrammar's dialect). The engine compiles it when the request arrives."""
+    strings, an EBNF grammar (xgrammar's dialect), or a structural tag (xgrammar's, a dict or its
+    JSON text, as vLLM takes it: free text with constrained regions, such as tool calls after their
+    trigger). The engine compiles it when the request arrives."""
 
     json: dict | str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    structural_tag: dict | str | None = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -44,7 +47,9 @@ class StructuredOutputs:
             object.__setattr__(self, "choice", tuple(self.choice))
         if isinstance(self.json, dict):  # key order kept: a schema's property order is the output's
             object.__setattr__(self, "json", json.dumps(self.json))
-        for name in ("json", "regex", "grammar"):
+        if isinstance(self.structural_tag, dict):
+            object.__setattr__(self, "structural_tag", json.dumps(self.structural_tag))
+        for name in ("json", "regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured output {name} must be a non-empty string or object, got {value!r}")
@@ -55,20 +60,29 @@ class StructuredOutputs:
                 raise ValueError(f"structured output json is not valid JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError(f"structured output json must be a JSON schema (an object), got {self.json[:80]!r}")
+        if self.structural_tag is not None:
+            try:
+                tag = json.loads(self.structural_tag)
+            except ValueError as exc:
+                raise ValueError(f"structured output structural_tag is not valid JSON: {exc}") from None
+            if not isinstance(tag, dict):
+                raise ValueError("structured output structural_tag must be an object {\"type\": \"structural_tag\", "
+                                 f"\"format\": {{...}}}}, got {self.structural_tag[:80]!r}")
         if not isinstance(self.json_object, bool):
             raise ValueError(f"structured output json_object must be a bool, got {self.json_object!r}")
-        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given = [name for name in ("json", "regex", "choice", "grammar", "structural_tag")
+                 if getattr(self, name) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
-            raise ValueError(f"structured output takes exactly one of json, json_object, regex, choice, grammar; "
-                             f"got {given or 'none'}")
+            raise ValueError(f"structured output takes exactly one of json, json_object, regex, choice, grammar, "
+                             f"structural_tag; got {given or 'none'}")
 
     @property
     def key(self) -> tuple[str, str]:
         """What identifies the compiled constraint (the compile cache's key)."""
         if self.json_object:
             return "json_object", ""
-        for name in ("json", "regex", "grammar"):
+        for name in ("json", "regex", "grammar", "structural_tag"):
             if getattr(self, name) is not None:
                 return name, getattr(self, name)
         return "choice", json.dumps(self.choice)

@@ -30,8 +30,10 @@ _UNSUPPORTED = {
     "detokenize": "detokenize",
     "guided_whitespace_pattern": "a whitespace pattern (structured output is compact JSON)",
 }
-# vLLM's guided-decoding keys, each a field of its `structured_outputs` object.
-_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# vLLM's guided-decoding keys, each a field of its `structured_outputs` object (`structural_tag` is the
+# request key vLLM had beside the guided_* ones, for the same field).
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+           "structural_tag": "structural_tag"}
 # StructuredOutputsParams fields with nothing to choose here: one grammar engine, compact JSON.
 _STRUCTURED_NO_OPS = {"disable_fallback", "disable_any_whitespace"}
 

@@ -13,6 +13,7 @@ the sequence.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -74,8 +75,10 @@ class GrammarCompiler:
                 return compiler.compile_regex(spec.regex)
             if spec.choice is not None:
                 return compiler.compile_grammar(xgr.Grammar.from_regex("|".join(map(_regex_literal, spec.choice))))
+            if spec.structural_tag is not None:
+                return compiler.compile_grammar(_structural_tag_grammar(xgr, spec.structural_tag))
             return compiler.compile_grammar(spec.grammar)
-        except (RuntimeError, ValueError) as exc:  # xgrammar's parse and schema errors
+        except (RuntimeError, ValueError) as exc:  # xgrammar's parse, schema and structural-tag errors
             raise ValueError(f"structured output: the {spec.key[0]} constraint is invalid: {_xgrammar_reason(exc)}") from None
 
     def matcher(self, compiled) -> RequestGrammar:
@@ -149,6 +152,38 @@ def _json_schema_grammar(xgr, schema: str):
     for chars in _STRING_CHARS:
         text = text.replace(chars, _JSON_STRING_CHAR)
     return xgr.Grammar.from_ebnf(text)
+
+
+def _structural_tag_grammar(xgr, text: str):
+    """A structural tag's grammar: xgrammar's current form `{"type": "structural_tag", "format": {...}}`
+    or the legacy one vLLM also takes (`{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`).
+    Each `json_schema` region (JSON style, no options of its own) is written as the json constraint is:
+    compact, with valid JSON strings only."""
+    tag = json.loads(text)
+    if "structures" in tag:
+        structures, triggers = tag.get("structures"), tag.get("triggers")
+        if not isinstance(structures, list) or not all(isinstance(s, dict) for s in structures) \
+                or not isinstance(triggers, list):
+            raise ValueError("a legacy structural tag needs 'structures' (a list of {\"begin\", \"schema\", \"end\"}) "
+                             "and 'triggers' (a list of strings)")
+        tag = {"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": triggers,
+            "tags": [{"type": "tag", "begin": s.get("begin"), "end": s.get("end"),
+                      "content": {"type": "json_schema", "json_schema": s.get("schema")}} for s in structures]}}
+    return xgr.Grammar.from_structural_tag(json.dumps(_compact_json_regions(xgr, tag)))
+
+
+def _compact_json_regions(xgr, value):
+    if isinstance(value, list):
+        return [_compact_json_regions(xgr, item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if value.get("type") == "json_schema":   # a region, not a format holding others
+        if set(value) <= {"type", "json_schema", "style"} and value.get("style", "json") == "json" \
+                and isinstance(value.get("json_schema"), dict):
+            return {"type": "grammar", "grammar": str(_json_schema_grammar(xgr, json.dumps(value["json_schema"])))}
+        return value
+    return {key: _compact_json_regions(xgr, item) for key, item in value.items()}
 
 
 def _xgrammar_reason(exc: Exception) -> str:

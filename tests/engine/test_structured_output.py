@@ -211,8 +211,8 @@ def test_a_constraint_that_does_not_compile_fails_its_request_alone(llm, spec, m
 @pytest.mark.parametrize("spec, message", [
     ({"json": "{not json"}, "structured output json is not valid JSON"),
     ({"json": "[1]"}, "structured output json must be a JSON schema"),
-    ({"regex": "a", "choice": ["b"]}, "takes exactly one of json, json_object, regex, choice, grammar; "
-                                      "got ['regex', 'choice']"),
+    ({"regex": "a", "choice": ["b"]}, "takes exactly one of json, json_object, regex, choice, grammar, "
+                                      "structural_tag; got ['regex', 'choice']"),
     ({"choice": []}, "choice must be a non-empty list of non-empty strings"),
     ({"jsn": "{}"}, "unknown structured output key(s) ['jsn']"),
 ])

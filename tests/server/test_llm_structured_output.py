@@ -75,9 +75,12 @@ def test_vllm_backend_clients_structured_outputs_json_text_over_grpc(triton_serv
     ({"guided_regex": "(["}, "the regex constraint is invalid: Regex parsing error at position 3: Unclosed '['"),
     ({"guided_grammar": "root ::= x"}, 'Rule "x" is not defined'),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "takes exactly one of json, json_object, regex, choice, "
-                                                   "grammar; got ['regex', 'choice']"),
+                                                   "grammar, structural_tag; got ['regex', 'choice']"),
     ({"structured_outputs": "{oops"}, "'structured_outputs' is not a valid JSON object"),
-    ({"structured_outputs": {"structural_tag": "x"}}, "unknown structured output key(s) ['structural_tag']"),
+    ({"structured_outputs": {"structural_tag": "x"}}, "structured output structural_tag is not valid JSON"),
+    ({"structural_tag": '{"type": "structural_tag", "format": {"type": "nope"}}'},
+     "the structural_tag constraint is invalid: Invalid structural tag error: Format type not recognized: nope"),
+    ({"structured_outputs": {"jsn": "{}"}}, "unknown structured output key(s) ['jsn']"),
     ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "uses xgrammar only"),
     ({"guided_whitespace_pattern": " "}, "'guided_whitespace_pattern' is a vLLM sampling parameter this engine "
                                          "does not implement"),
