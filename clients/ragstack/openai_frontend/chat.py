@@ -35,9 +35,11 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     metrics.served_model(request, served.name)
     messages = body.chat(frontend.limits)
     tool_plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+    if tool_plan is not None and served.kind != "rag":
+        await tools.resolve(frontend, served.name, tool_plan)   # auto's format, which its strict constraint needs
     sampling, constrained_by = structured.constrained(
         body.sampling(), body.model_extra, body.response_format, tool_plan.constraint() if tool_plan else {},
-        "tool_choice")
+        "tool_choice", tool_plan.strict_constraint() if tool_plan else {}, "tools")
     params = {**{key: key for key in SAMPLING_KEYS}, "messages": "messages", "text_input": "messages",
               "prompt": "messages", "query": "messages", "logprobs": "top_logprobs", "tools": "tools",
               "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
@@ -56,8 +58,6 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         requests = [generation.Request(served.name, generation.rag_inputs(query, s, body.stream), params, rag=True)
                     for s in generation.seeded(sampling, body.n)]
     else:
-        if tool_plan is not None:
-            await tools.resolve(frontend, served.name, tool_plan)
         top = sampling.get("logprobs") if body.logprobs else None
         requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
                                                                           tools.llm_tools(tool_plan)),

@@ -1,9 +1,10 @@
 """`response_format` as the llm's structured-output sampling keys: `{"type": "text"}` none,
 `{"type": "json_object"}` any JSON object, `{"type": "json_schema", "json_schema": {"name", "schema",
 "strict", "description"}}` JSON following the schema (always enforced: `strict` false does not loosen it).
-vLLM's own keys (`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`)
-pass through to the llm as they are; given with `response_format` (or a constraining `tool_choice`) they
-are refused naming both. A constraint the grammar compiler refuses comes back from the llm as 400 with
+vLLM's own keys (`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structural_tag`,
+`structured_outputs`) pass through to the llm as they are; given with `response_format` (or a constraining
+`tool_choice`) they are refused naming both; they take precedence over the soft constraint of strict tools
+under `auto` (tool_grammar.py). A constraint the grammar compiler refuses comes back from the llm as 400 with
 its message, `param` naming the field it came from (`PARAM_WORDS`).
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from ragstack.openai_frontend.errors import APIError
 
-GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+               "structured_outputs")
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The llm's structured-output messages begin "structured output..." (sampling_params, structured_output).
 PARAM_WORDS = ("structured", "structured_outputs")
@@ -73,9 +75,11 @@ def schema_text(schema: Any) -> str:
 
 
 def constrained(body_sampling: dict[str, Any], extra: dict[str, Any] | None, response_format_value: Any,
-                constraint: dict[str, Any], constraint_param: str | None) -> tuple[dict[str, Any], str | None]:
+                constraint: dict[str, Any], constraint_param: str | None,
+                soft: dict[str, Any] | None = None, soft_param: str | None = None) -> tuple[dict[str, Any], str | None]:
     """The sampling keys with the one constraint the request asks for, and the request field it came
-    from (for the llm's messages about it). Two sources at once are refused naming both."""
+    from (for the llm's messages about it). Two sources at once are refused naming both. `soft` (auto's
+    strict tools) applies only where no other constraint is asked for."""
     given = guided_keys(extra)
     sources = ([("response_format", response_format(response_format_value))]
                if response_format_value is not None else [])
@@ -91,4 +95,6 @@ def constrained(body_sampling: dict[str, Any], extra: dict[str, Any] | None, res
                        sources[0][0])
     if sources:
         return {**body_sampling, **sources[0][1]}, sources[0][0]
+    if soft and not given:
+        return {**body_sampling, **soft}, soft_param
     return body_sampling, given[0] if given else None

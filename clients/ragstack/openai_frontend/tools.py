@@ -6,11 +6,15 @@ the llm gets (its `tools` input, for the chat template to render; a JSON-schema 
   {"name": one tool's name, "parameters": that tool's parameters schema}, anyOf over the tools, as vLLM
   builds it; each item becomes a tool call.
 - a named function: the output is that function's arguments, under its parameters schema.
-- `auto` (the default with tools): no constraint; calls are read in the format of the model family's
-  chat template (`--openai-tool-call-parser`, or the one the llm reads from its template:
-  chat_tools.py's control request). `none`: tools are rendered, nothing is read as a call.
-A tool without `parameters` takes none (`{}`). A tool's `strict` is accepted; `required` and named
-calls always follow the schema, `auto` calls are parsed, not checked.
+- `auto` (the default with tools): calls are read in the format of the model family's chat template
+  (`--openai-tool-call-parser`, or the one the llm reads from its template: chat_tools.py's control
+  request). Unconstrained, unless a tool is `strict`: then a structural tag (tool_grammar.py) keeps the
+  answer free but makes every call follow the format and its tool (a strict tool's schema; any object
+  for the others), OpenAI's guarantee for strict functions. It is a soft constraint: a request that
+  constrains the output itself (response_format, a guided key) keeps its own, as before.
+  `none`: tools are rendered, nothing is read as a call.
+A tool without `parameters` takes none (`{}`). `required` and named calls always follow the schema,
+strict or not.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ragstack.openai_frontend import tool_parsers
+from ragstack.openai_frontend import tool_grammar, tool_parsers
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.structured import schema_text
@@ -29,7 +33,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 128                                     # OpenAI's; the llm's chat_tools.MAX_TOOLS
 TEMPLATE_INFO_KEY = "ragstack_chat_template_info"   # backends/triton_llm/chat_tools.py
 INFO_CACHE_S = 5.0                                  # as model configs: a reloaded model is seen within this
-NO_PARAMETERS = {"type": "object", "properties": {}}
+NO_PARAMETERS = tool_grammar.NO_PARAMETERS
 _info: dict[str, tuple[float, dict]] = {}
 
 
@@ -54,6 +58,13 @@ class ToolPlan:
         if not self.parallel:
             schema["maxItems"] = 1
         return {"guided_json": schema_text(schema)}
+
+    def strict_constraint(self) -> dict[str, Any]:
+        """For auto with a strict tool, once `resolve` set the format: the structural tag; else none."""
+        if self.choice != "auto" or not self.parser or not any(t["function"].get("strict") for t in self.tools):
+            return {}
+        return {"structured_outputs": {"structural_tag": tool_grammar.structural_tag(self.parser, self.tools,
+                                                                                      self.parallel)}}
 
     def reader(self) -> tool_parsers.Reader:
         if self.choice == "function":
