@@ -53,7 +53,10 @@ async def read(request: web.BaseRequest, limits: GatewayLimits, held: Held) -> A
                 raise GatewayError(413, f"the request body is more than {cap} bytes (max_body_bytes), "
                                         "counted as it arrived (chunked or compressed)", close=True)
             chunks.append(chunk)
-        yield b"".join(chunks)
+        # The body once in memory while it is relayed, as `held` counts it: neither the chunks nor a name
+        # here keep a second copy (a generate body the handler rewrites would otherwise stay too).
+        chunks[:] = [b"".join(chunks)]
+        yield chunks.pop()
     finally:
         held.bytes -= size
 
