@@ -6,6 +6,7 @@ from __future__ import annotations
 import selectors
 import socket
 import time
+from pathlib import Path
 
 
 def connect(url: str, source: str = "127.0.0.1", timeout_s: float = 10.0) -> socket.socket:
@@ -48,6 +49,27 @@ def exchange(url: str, method: str, path: str, body: bytes = b"", headers: dict[
     with connect(url, source) as sock:
         sock.sendall(request_bytes(method, path, body, headers))
         return read_response(sock)
+
+
+def unread(sock: socket.socket) -> int:
+    """Bytes sent on `sock` that the process at the other end has not read yet: those in this socket's send
+    queue and those in the peer socket's receive queue (Linux's /proc/net/tcp; IPv4, both ends on this
+    machine). 0 once the peer has every byte sent, whether or not it has answered."""
+    def address(host_port) -> str:  # as /proc/net/tcp writes it: the IPv4 address in host byte order
+        return f"{socket.inet_aton(host_port[0])[::-1].hex().upper()}:{host_port[1]:04X}"
+
+    ours, theirs = address(sock.getsockname()), address(sock.getpeername())
+    queued = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        tx, rx = (int(n, 16) for n in fields[4].split(":"))
+        if (fields[1], fields[2]) == (ours, theirs):
+            queued["send"] = tx
+        elif (fields[1], fields[2]) == (theirs, ours):
+            queued["receive"] = rx
+    if len(queued) != 2:
+        raise LookupError(f"no connection {ours} <-> {theirs} in /proc/net/tcp (found {sorted(queued)})")
+    return queued["send"] + queued["receive"]
 
 
 def closed_within(sock: socket.socket, timeout_s: float) -> float | None:
