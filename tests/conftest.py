@@ -18,6 +18,17 @@ REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist (`make test-fast`) each worker gets its share of the cores for torch's threads. Left
+# at one thread per core, every worker's OpenMP team spans all cores, and its barriers stall whenever
+# another worker holds one: on 2 cores with 2 workers a tiny model's decode steps took 5 s that take
+# 0.08 s alone, and the fast tier ran 86 s instead of 60 (the engine process sizes its threads for the
+# same reason: llm_engine/engine/engine_process.py, cpu_threads). Read before torch is imported.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+    if "torch" in sys.modules:  # imported by a plugin before this file: too late for the variable
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
