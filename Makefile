@@ -20,7 +20,9 @@ test: artifacts
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 # The edit loop: unit and engine-on-CPU tests, no server, not those marked slow (processes started,
-# kernels compiled for a GPU), on every core (under a minute on 2 cores);
+# kernels compiled for a GPU, and in Triton's CPU interpreter all but a few cases of each kernel test's
+# grid and of the model's runs: tests/engine/tiers.py), on every core, torch's threads shared out among
+# the workers (tests/conftest.py); about 40 s on 2 cores;
 # a file's tests stay on one worker, in order (module fixtures hold engines and process groups).
 test-fast: setup
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider -m 'not slow' tests/unit tests/engine $(PYTEST_ARGS)

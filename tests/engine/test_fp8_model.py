@@ -522,6 +522,7 @@ def test_gpu_bounds_hold_under_emulated_fast_accumulation(monkeypatch, tiny_chec
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels run compiled in the tests above")
+@pytest.mark.slow  # a model's prefill in the interpreter: ~5 s; the kernels' own tests stay in the fast tier
 def test_triton_kernels_in_the_interpreter_compute_the_w8a8_function(monkeypatch, tiny_checkpoints,
                                                                       hf_fake_quantized):
     """Every op through its Triton kernel (TRITON_INTERPRET=1): the quantizer and the FP8 GEMM in prefill."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_kv_cases import FP8, GQA, assert_close, make_paged_kv, randn
-from tiers import FLOAT32_IN_FULL_RUN
+from tiers import FLOAT32_IN_FULL_RUN, in_full_run
 
 from llm_engine.kernels import (
     paged_decode_attention,
@@ -24,7 +24,7 @@ DECODE_CONTEXTS = [[1, 15, 16, 17], [47, 80], [33]]
 
 @pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
 @pytest.mark.parametrize("num_q_heads, num_kv_heads", GQA)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, *in_full_run(128)])
 @pytest.mark.parametrize("context_lens", DECODE_CONTEXTS[:2])
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_decode_matches_ref(gen, device, dtype, num_q_heads, num_kv_heads, head_dim, context_lens, num_splits):
@@ -47,7 +47,7 @@ def test_decode_other_block_sizes(gen, device, block_size, num_splits):
 
 
 @pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, *in_full_run(128)])
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_decode_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, head_dim, num_splits):
     context_lens = DECODE_CONTEXTS[0] if num_splits == 1 else DECODE_CONTEXTS[2]
@@ -88,7 +88,7 @@ def test_rotary_write_then_decode_chain(gen, device, cache_dtype):
     assert_close(out, expected, torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8])
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16, *in_full_run(FP8)])  # ~1.5 s each
 def test_decode_short_contexts_use_fewer_splits(gen, device, dtype):
     """The heuristic's split count is an upper bound: with splits of at least 32 tokens, these
     contexts run on 1, 2, 3 and all 4 splits of the grid within one launch, merged in that launch;

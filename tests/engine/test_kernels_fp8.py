@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiers import FLOAT32_IN_FULL_RUN
+from tiers import FLOAT32_IN_FULL_RUN, in_full_run
 
 from llm_engine.kernels import (
     SKINNY_MAX_ROWS,
@@ -150,7 +150,7 @@ def test_quantization_error_is_within_half_an_e4m3_step(gen, device):
 # --- the GEMM and fp8_linear -------------------------------------------------------------------
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m, n, k", [(1, 16, 32), (5, 40, 96), (33, 100, 200)])  # ragged M, N and K tiles
+@pytest.mark.parametrize("m, n, k", [(1, 16, 32), (5, 40, 96), *in_full_run((33, 100, 200))])  # ragged M, N, K tiles
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_matches_ref(gen, device, out_dtype, m, n, k, with_bias):
     a, a_scale = quantize_fp8_per_token_ref(randn(gen, m, k, device=device))
@@ -164,7 +164,7 @@ def test_fp8_gemm_matches_ref(gen, device, out_dtype, m, n, k, with_bias):
     assert_within_error_model(fp8_gemm_ref(a, a_scale, b, b_scale, bias, out_dtype), a, a_scale, b, b_scale, bias)
 
 
-@pytest.mark.parametrize("m", [1, 64, 300])
+@pytest.mark.parametrize("m", [1, 64, *in_full_run(300)])
 @pytest.mark.parametrize("imprecise", [None, 128])
 @pytest.mark.parametrize("k", [1024, 200])  # K tiles whole, and a partial one
 def test_fp8_gemm_with_configured_tiles_matches_ref(gen, device, m, imprecise, k):

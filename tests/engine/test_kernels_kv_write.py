@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_kv_cases import FP8, GQA, assert_close, dense_attention_f64, make_paged_kv, randn
+from tiers import in_full_run
 
 from llm_engine.kernels import (
     FP8_E4M3_MAX,
@@ -75,7 +76,7 @@ def test_write_then_gather_ref_round_trip(gen):
     (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
     (FP8, torch.bfloat16), (FP8, torch.float32),
 ])
-@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim", [(1, 1, 64), (6, 3, 128), (8, 4, 32)])
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim", [*in_full_run((1, 1, 64), (6, 3, 128)), (8, 4, 32)])
 def test_rotary_and_write_kv_matches_ref(gen, device, cache_dtype, dtype, num_q_heads, num_kv_heads, head_dim):
     kv = make_paged_kv(gen, device, [40, 24], num_kv_heads, head_dim, cache_dtype)
     num_slots = kv.k_cache.shape[0] * kv.k_cache.shape[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_kv_cases import FP8, GQA, assert_close, make_paged_kv, randn
-from tiers import FLOAT32_IN_FULL_RUN
+from tiers import FLOAT32_IN_FULL_RUN, in_full_run
 
 from llm_engine.kernels import (
     gather_kv_ref,
@@ -33,7 +33,7 @@ PREFILL_CASES = [
 
 @pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
 @pytest.mark.parametrize("num_q_heads, num_kv_heads", GQA)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, *in_full_run(128)])
 @pytest.mark.parametrize("context_lens, query_lens", PREFILL_CASES)
 def test_prefill_matches_ref(gen, device, dtype, num_q_heads, num_kv_heads, head_dim, context_lens, query_lens):
     kv = make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, dtype)
@@ -46,7 +46,7 @@ def test_prefill_matches_ref(gen, device, dtype, num_q_heads, num_kv_heads, head
 
 
 @pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, *in_full_run(128)])
 def test_prefill_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, head_dim):
     context_lens, query_lens = PREFILL_CASES[2]
     kv = make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, FP8)

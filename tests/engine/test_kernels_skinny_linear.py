@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiers import FLOAT32_IN_FULL_RUN
+from tiers import FLOAT32_IN_FULL_RUN, in_full_run
 
 from llm_engine.kernels import SKINNY_MAX_ROWS, fits_skinny_linear, skinny_linear, skinny_linear_ref
 from llm_engine.kernels.launch_config import override_launch_params
@@ -24,10 +24,12 @@ def randn(gen, *shape, dtype, device):
 
 
 @pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, SKINNY_MAX_ROWS])
-@pytest.mark.parametrize("out_features, in_features", [(16, 64), (40, 96), (100, 200)])  # partial N and K tiles
+@pytest.mark.parametrize("rows", [1, *in_full_run(3), SKINNY_MAX_ROWS])
+@pytest.mark.parametrize("out_features, in_features",  # partial N and K tiles
+                         [*in_full_run((16, 64)), (40, 96), *in_full_run((100, 200))])
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("with_bias, into_residual", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("with_bias, into_residual",
+                         [(False, False), *in_full_run((True, False), (False, True)), (True, True)])
 def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_features, mode, with_bias,
                                    into_residual):
     options = dict(MODES[mode])
@@ -48,8 +50,8 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
 @pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("block_n", [4, 16])
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("in_features", [96, 100])  # whole and partial K tiles
+@pytest.mark.parametrize("pdl", [False, *in_full_run(True)])  # the interpreter launches plainly either way
+@pytest.mark.parametrize("in_features", [*in_full_run(96), 100])  # whole and partial K tiles
 def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n, pdl, in_features):
     """The launch config may send a single row through products summed on the CUDA cores (no tl.dot,
     so tiles narrower than 16 columns too), with programmatic dependent launch on a GPU (the

@@ -10,6 +10,7 @@ import importlib
 
 import pytest
 import torch
+from tiers import in_full_run
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 from transformers import AutoModelForCausalLM
 
@@ -182,6 +183,10 @@ def test_fp8_kv_cache_stays_close(run_device, tiny_checkpoints, hf_models):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the cuda cases run the Triton kernels compiled")
+# 2-3 s each in the interpreter: the fast tier keeps "fused", whose decode step runs the fused projection
+# kernel beside every other kernel (prefill's rows run the separate norm and gate kernels either way).
+@pytest.mark.parametrize("small_batch_fusion", [*in_full_run("unfused"), "fused",
+                                                *in_full_run("fused, one row on CUDA cores")], indirect=True)
 def test_triton_kernels_in_the_interpreter_match_hf(monkeypatch, tiny_checkpoints, hf_models, small_batch_fusion):
     """Every op through its Triton kernel (TRITON_INTERPRET=1, set by conftest), prefill + decode."""
     monkeypatch.setenv("LLM_ENGINE_KERNELS", "triton")

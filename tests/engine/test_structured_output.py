@@ -61,6 +61,7 @@ def bounded(leaf_only: bool = False):
         max_leaves=8)
 
 
+@pytest.mark.slow  # 30 random schemas, 4 samples each: the fast tier's JSON schema checks are SCHEMA's below
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=bounded())
 def test_json_schema_outputs_are_valid_instances(llm, schema):
