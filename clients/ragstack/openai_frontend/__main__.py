@@ -1,11 +1,22 @@
 """`python -m ragstack.openai_frontend --listen 0.0.0.0:9000 --triton triton:8001`: the OpenAI API in
 front of Triton's gRPC port (ragstack.openai_frontend). The API key comes from --api-key-file or
 $RAGSTACK_OPENAI_API_KEY; $RAGSTACK_ADMIN_KEY, where set, is what the repository calls send and what
-model load and unload ask of their callers."""
+model load and unload ask of their callers.
+
+With --openai-workers N (> 1) this process binds the port and runs N worker processes (this module
+with --listen-fd) that accept on that one socket, each its own event loop and gRPC channel to Triton;
+their metrics go to a shared folder (prometheus_client's multiprocess mode) and each worker's /metrics
+adds them up. A signal is passed on to the workers; one that exits ends the others and this process."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import uvicorn
@@ -27,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a file holding the API key clients must send (default: ${keys.ENV}; neither: open)")
     parser.add_argument("--exit-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish on SIGTERM/SIGINT")
+    parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)   # a worker: the socket its parent bound
     frontend_limits.add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     key = admin_key.from_environment()
     try:
@@ -38,12 +51,62 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     host, port = args.listen
+    if limits.workers > 1 and args.listen_fd is None:
+        return supervise(argv, host, port, limits.workers)
     config = uvicorn.Config(create_app(args.triton, limits, api_key, key), host=host, port=port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=int(args.exit_timeout),
                             timeout_keep_alive=IDLE_TIMEOUT_S, server_header=False)
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=None if args.listen_fd is None else [socket.socket(fileno=args.listen_fd)])
     return 0 if server.started else 1
+
+
+def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
+    """Binds HOST:PORT and runs `workers` processes of this module on the socket; returns when they have
+    all exited (after SIGTERM or SIGINT, passed on to them; or when one exits, the others stopped)."""
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=2048)
+    except OSError as exc:
+        print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    sock.set_inheritable(True)
+    with tempfile.TemporaryDirectory(prefix="ragstack-openai-metrics-") as metrics_dir:
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        command = [sys.executable, "-m", "ragstack.openai_frontend", *argv, "--listen-fd", str(sock.fileno())]
+        # No thread runs in this process yet (uvicorn and gRPC run in the workers): preexec_fn is safe.
+        procs = [subprocess.Popen(command, pass_fds=[sock.fileno()], env=env,
+                                  preexec_fn=_die_with_parent)  # noqa: PLW1509
+                 for _ in range(workers)]
+        sock.close()
+        print(f"[openai] {workers} workers on {host}:{port} (pids {', '.join(str(p.pid) for p in procs)})",
+              file=sys.stderr, flush=True)
+        stopping = failed = False
+
+        def stop(signum=signal.SIGTERM, _frame=None) -> None:
+            nonlocal stopping
+            stopping = True
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, stop)
+        while any(proc.poll() is None for proc in procs):
+            if not stopping and any(proc.poll() is not None for proc in procs):
+                gone = next(proc for proc in procs if proc.poll() is not None)
+                print(f"[openai] worker {gone.pid} exited with code {gone.returncode}; stopping the others",
+                      file=sys.stderr, flush=True)
+                failed = True
+                stop()
+            time.sleep(0.2)
+    return 1 if failed or any(proc.returncode != 0 for proc in procs) else 0
+
+
+def _die_with_parent() -> None:
+    """In a worker before exec: SIGTERM when the supervisor dies, even by SIGKILL."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":

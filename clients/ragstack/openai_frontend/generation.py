@@ -130,14 +130,17 @@ async def _abort(triton: Triton, model: str, key: str) -> None:
                 pass
 
 
-async def merged(triton: Triton, requests: list[Request]) -> AsyncIterator[tuple[int, Piece]]:
-    """Every choice's pieces as they come, with the choice's index. The first error ends them all and
-    is raised; closing the iterator cancels every choice still running."""
+async def merged(triton: Triton, requests: list[Request]) -> AsyncIterator[list[tuple[int, Piece]]]:
+    """Every choice's pieces as they come, with the choice's index, in batches: a batch holds every piece
+    that came while its consumer was busy with the one before (at least one piece), in order, so a consumer
+    that falls behind catches up in one step (streaming.py sends a batch as one write). The first error
+    ends them all and is raised after the pieces before it; closing the iterator cancels every choice
+    still running."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def run(index: int, request: Request) -> None:
         async for piece in pieces(triton, request):
-            await queue.put((index, piece))
+            queue.put_nowait((index, piece))
 
     tasks = [asyncio.ensure_future(run(i, r)) for i, r in enumerate(requests)]
     for task in tasks:
@@ -145,23 +148,55 @@ async def merged(triton: Triton, requests: list[Request]) -> AsyncIterator[tuple
     running = len(tasks)
     try:
         while running:
+            batch, error = [], None
             item = await queue.get()
-            if isinstance(item, asyncio.Future):
-                running -= 1
-                if not item.cancelled() and item.exception() is not None:
-                    raise item.exception()
-                continue
-            yield item
+            while True:
+                if isinstance(item, asyncio.Future):
+                    running -= 1
+                    if not item.cancelled() and item.exception() is not None:
+                        error = item.exception()
+                        break
+                else:
+                    batch.append(item)
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            if batch:
+                yield batch
+            if error is not None:
+                raise error
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def coalesced(batch: list[tuple[int, Piece]]) -> list[tuple[int, Piece]]:
+    """A batch's pieces with each choice's added up into one (in the order the choices first came), as
+    vLLM merges the deltas a slow reader has not taken yet: the same text, counts and logprobs in fewer
+    chunks."""
+    if len(batch) == 1:
+        return batch
+    by_choice: dict[int, Piece] = {}
+    copied: set[int] = set()   # the pieces themselves stay as they came
+    for index, piece in batch:
+        whole = by_choice.get(index)
+        if whole is None:
+            by_choice[index] = piece
+            continue
+        if index not in copied:
+            copied.add(index)
+            by_choice[index] = Piece()
+            by_choice[index].add(whole)
+        by_choice[index].add(piece)
+    return list(by_choice.items())
+
+
 async def collected(triton: Triton, requests: list[Request]) -> list[Piece]:
     """Each choice whole."""
     choices = [Piece() for _ in requests]
     async with contextlib.aclosing(merged(triton, requests)) as stream:
-        async for index, piece in stream:
-            choices[index].add(piece)
+        async for batch in stream:
+            for index, piece in batch:
+                choices[index].add(piece)
     return choices

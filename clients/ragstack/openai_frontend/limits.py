@@ -21,7 +21,7 @@ class FrontendLimits:
     max_json_depth: int = _knob(32, "deepest JSON nesting of a request body")
     # A stalled body holds one of max_inflight's places: bounded as the gateway bounds it.
     body_timeout_s: float = _knob(30.0, "longest pause in a request body in seconds (408 beyond)")
-    max_inflight: int = _knob(1024, "requests served at once; past it 503 with Retry-After")
+    max_inflight: int = _knob(1024, "requests served at once, by each worker; past it 503 with Retry-After")
     # Each choice is one llm request: n, or prompts x n for completions.
     max_choices: int = _knob(64, "choices one request may ask for (n, or prompts x n)")
     max_messages: int = _knob(1024, "chat messages per request")
@@ -32,6 +32,11 @@ class FrontendLimits:
     # The embed and rerank tokenizers' max_texts: larger requests are sent in batches of this size.
     embed_batch: int = _knob(32, "texts per request to the embed ensemble")
     rerank_batch: int = _knob(64, "documents per request to the rerank ensemble")
+    # Processes serving the API on one port (one event loop each: one streams at most about 10,000 chunks/s on
+    # a 2 GHz core, benchmarks/bench_openai_frontend.py); their /metrics add up (prometheus_client's
+    # multiprocess mode).
+    workers: int = _knob(1, "processes serving the API on the one port, each its own event loop and gRPC "
+                         "channel (docs/operations.md)")
     # How tool_choice "auto" reads tool calls (docs/openai.md): auto, the format the llm's chat template uses.
     tool_call_parser: str = _knob("auto", "tool-call format of tool_choice auto: auto (from the model's chat "
                                   "template), hermes (Qwen2.5), llama3_json (Llama 3.1+), mistral",

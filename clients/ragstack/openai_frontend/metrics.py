@@ -3,12 +3,25 @@ requests, errors, latency and time to first token, by endpoint and model.
 
 `model` is a model the frontend serves or "" (a name it refused): client-chosen names never become
 series. An error in a stream already answered 200 counts with the error's status.
+
+With several workers (--openai-workers; $PROMETHEUS_MULTIPROC_DIR set by their supervisor) each
+process writes its values to that folder and /metrics, whichever worker answers, adds up every
+worker's (prometheus_client's multiprocess mode; requests in flight: the live workers' sum).
 """
 from __future__ import annotations
 
+import os
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,7 +39,7 @@ LATENCY = Histogram("ragstack_openai_request_duration_seconds", "Arrival to the 
 TTFT = Histogram("ragstack_openai_time_to_first_token_seconds", "Arrival to a streamed answer's first text",
                  LABELS, buckets=BUCKETS, registry=REGISTRY)
 IN_FLIGHT = Gauge("ragstack_openai_requests_in_flight", "Requests being answered now", ("endpoint",),
-                  registry=REGISTRY)
+                  registry=REGISTRY, multiprocess_mode="livesum")
 # The endpoint label: the API's paths, anything else as "other".
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/models")
 
@@ -54,6 +67,10 @@ def served_model(request: Request, model: str) -> None:
 
 
 def exposition(_request: Request) -> Response:
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:   # every worker's, read from their files
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from ragstack.openai_frontend import metrics
 from ragstack.openai_frontend.disconnect import EventStream, unless_gone
 from ragstack.openai_frontend.errors import APIError
-from ragstack.openai_frontend.generation import Piece
+from ragstack.openai_frontend.generation import Piece, coalesced
 
 DONE = b"data: [DONE]\n\n"
 
@@ -33,8 +33,9 @@ def event(chunk: dict) -> bytes:
     return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def answer(request: Request, stream: AsyncIterator[tuple[int, Piece]], choices: int,
+async def answer(request: Request, stream: AsyncIterator[list[tuple[int, Piece]]], choices: int,
                  chunks: Chunks) -> EventStream:
+    """`stream`: generation.merged's batches of pieces."""
     try:
         first = await unless_gone(request, _until_each_started(stream, choices))
     except BaseException:
@@ -43,39 +44,46 @@ async def answer(request: Request, stream: AsyncIterator[tuple[int, Piece]], cho
     return EventStream(_events(request, first, stream, chunks))
 
 
-async def _until_each_started(stream: AsyncIterator[tuple[int, Piece]], choices: int) -> list[tuple[int, Piece]]:
+async def _until_each_started(stream: AsyncIterator[list[tuple[int, Piece]]],
+                              choices: int) -> list[tuple[int, Piece]]:
     seen, pieces = set(), []
     while len(seen) < choices:
         try:
-            item = await stream.__anext__()
+            batch = await stream.__anext__()
         except StopAsyncIteration:
             break
-        pieces.append(item)
-        seen.add(item[0])
+        pieces += batch
+        seen.update(index for index, _ in batch)
     return pieces
 
 
-async def _events(request: Request, first: list[tuple[int, Piece]], stream: AsyncIterator[tuple[int, Piece]],
+async def _events(request: Request, first: list[tuple[int, Piece]], stream: AsyncIterator[list[tuple[int, Piece]]],
                   chunks: Chunks) -> AsyncIterator[bytes]:
-    async def all_pieces():
-        for item in first:
-            yield item
-        async for item in stream:
-            yield item
+    """Each batch of pieces as one write: a choice's pieces in it added up into one chunk (coalesced), so
+    a client or a frontend that falls behind catches up with fewer, larger chunks rather than queueing."""
+    async def all_batches():
+        yield first
+        async for batch in stream:
+            yield batch
 
+    started = False   # time to first token is observed once
     try:
-        async with contextlib.aclosing(all_pieces()) as pieces:
-            async for index, piece in pieces:
-                chunk = chunks.piece(index, piece)
-                if chunk is not None:
-                    if piece.text:
-                        metrics.first_token(request)
-                    yield event(chunk)
-        for chunk in chunks.end():
-            yield event(chunk)
+        async with contextlib.aclosing(all_batches()) as batches:
+            async for batch in batches:
+                events = []
+                for index, piece in coalesced(batch):
+                    chunk = chunks.piece(index, piece)
+                    if chunk is not None:
+                        if piece.text and not started:
+                            started = True
+                            metrics.first_token(request)
+                        events.append(event(chunk))
+                if events:
+                    yield b"".join(events)
+        tail = b"".join(event(chunk) for chunk in chunks.end())
     except APIError as exc:
         metrics.failed(request, exc.status)
-        yield exc.event()
+        tail = exc.event()
     finally:
         await stream.aclose()
-    yield DONE
+    yield tail + DONE
