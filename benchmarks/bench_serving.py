@@ -2,7 +2,11 @@
 model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, through the same
 server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
 by side in one run. With --api openai: through the OpenAI frontend (streamed completions with the
-official `openai` client) and to Triton's gRPC directly, on the same server, at each concurrency.
+official `openai` client; --openai-workers N frontend processes) and to Triton's gRPC directly, on the
+same server, at each concurrency; both sides' streams are shared out among --client-processes client
+processes (4), since one client process is itself a limit: the openai SDK spends about as much CPU on a
+streamed chunk as the frontend does (benchmarks/bench_openai_frontend.py), and one event loop parsing
+thousands of chunks a second delays them, in bursts, and delays the next requests' first tokens.
 With --instances 1,4,8: the llm served with each count of instances (stubs sending responses, in front
 of one engine process: docs/llm_model.md, "Response instances"), one server after the other, each
 system named `triton xK` (`triton` for one), all against the same in-process run, and each checked
@@ -15,13 +19,15 @@ baseline's alone); then it replays the same requests in-process. Rows: output to
 inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole request).
 
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
-    python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --api openai
+    python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64,256 --api openai \
+        --openai-workers 4
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --concurrency 1,16,64,256 --instances 1,4,8
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shutil
@@ -71,8 +77,9 @@ def make_requests(tokenizer, n: int, prompt_range, output_range, seed=0):
 
 
 async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
-                     batched: bool = False) -> tuple[list[Result], float]:
-    """`batched`: the model has max_batch_size > 0, so every tensor carries a batch dimension of 1."""
+                     batched: bool = False, started: list | None = None) -> tuple[list[Result], float]:
+    """`batched`: the model has max_batch_size > 0, so every tensor carries a batch dimension of 1.
+    `started`: given, the start's time.perf_counter() is appended to it (spread's clock)."""
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -109,13 +116,16 @@ async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
             return Result(times[0] - start, list(np.diff(times)), tokens)
 
     t0 = time.perf_counter()
+    if started is not None:
+        started.append(t0)
     results = await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(requests)))
     elapsed = time.perf_counter() - t0
     await client.close()
     return results, elapsed
 
 
-async def run_openai(base_url: str, requests, concurrency: int, model: str = "llm") -> tuple[list[Result], float]:
+async def run_openai(base_url: str, requests, concurrency: int, model: str = "llm",
+                     started: list | None = None) -> tuple[list[Result], float]:
     """The requests run_triton sends, as streamed completions through the OpenAI frontend: the same prompt
     and sampling (the frontend adds the token counts it reports to the llm's inputs)."""
     from openai import AsyncOpenAI
@@ -138,10 +148,44 @@ async def run_openai(base_url: str, requests, concurrency: int, model: str = "ll
             return Result(times[0] - start, list(np.diff(times)), tokens)
 
     t0 = time.perf_counter()
+    if started is not None:
+        started.append(t0)
     results = await asyncio.gather(*(one(p, o) for p, o in requests))
     elapsed = time.perf_counter() - t0
     await client.close()
     return results, elapsed
+
+
+def _client_process(api: str, url: str, requests, concurrency: int, model: str, batched: bool):
+    """One client process's share (spread): its results, its start and its end on time.perf_counter(),
+    which on Linux is CLOCK_MONOTONIC, one clock for every process."""
+    started: list[float] = []
+    if api == "openai":
+        results, elapsed = asyncio.run(run_openai(url, requests, concurrency, model, started=started))
+    else:
+        results, elapsed = asyncio.run(run_triton(url, requests, concurrency, model, batched, started=started))
+    return results, started[0], started[0] + elapsed
+
+
+def _warm_client_process(_: int) -> None:
+    import openai  # noqa: F401  (imported once per process, before any run is timed)
+    import tritonclient.grpc.aio  # noqa: F401
+    time.sleep(0.5)   # so that each of the pool's processes takes one
+
+
+def spread(pool, processes: int, api: str, url: str, requests, concurrency: int, model: str,
+           batched: bool = False) -> tuple[list[Result], float]:
+    """run_openai or run_triton (`api`) over `processes` client processes (at most one per stream), so that
+    what is measured is the server, not one client's event loop: process k sends requests k, k + P, ...
+    with its share of the concurrency. Elapsed: from the first process's start to the last one's end."""
+    p = max(1, min(processes, concurrency, len(requests)))
+    shares = [concurrency // p + (1 if k < concurrency % p else 0) for k in range(p)]
+    futures = [pool.submit(_client_process, api, url, requests[k::p], shares[k], model, batched) for k in range(p)]
+    parts = [f.result() for f in futures]
+    results = [None] * len(requests)
+    for k, (part, _, _) in enumerate(parts):
+        results[k::p] = part
+    return results, max(end for _, _, end in parts) - min(start for _, start, _ in parts)
 
 
 async def run_in_process(engine, requests, concurrency: int) -> tuple[list[Result], float]:
@@ -209,30 +253,47 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
 
 
 def serve(write, model: str, system: str, requests, levels: list[int], counts: list[int],
-          batched: bool = False, openai: bool = False, openai_system: str = OPENAI_SYSTEM) -> list[dict]:
+          batched: bool = False, openai: bool = False, openai_system: str = OPENAI_SYSTEM, openai_workers: int = 1,
+          client_processes: int = 1) -> list[dict]:
     """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
-    count of the requests (the first ones), then stop. `openai`: the server's OpenAI frontend too, each
-    concurrency's requests through it right after they went to gRPC directly."""
+    count of the requests (the first ones), then stop. `openai`: the server's OpenAI frontend too (with
+    `openai_workers` processes), each concurrency's requests through it right after they went to gRPC
+    directly, both sent from `client_processes` processes (spread)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from ragstack.launcher import ServerOptions, TritonServer, free_port
+    from ragstack.openai_frontend.limits import FrontendLimits
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         write(Path(tmp))
         options = ServerOptions(model_repositories=[Path(tmp)], models=[model], http_port=free_port(),
                                 grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900,
-                                openai_port=free_port() if openai else 0)
+                                openai_port=free_port() if openai else 0,
+                                openai=FrontendLimits(workers=openai_workers))
+        pool = None
+        if openai:
+            pool = stack.enter_context(ProcessPoolExecutor(client_processes,
+                                                           mp_context=multiprocessing.get_context("spawn")))
+            list(pool.map(_warm_client_process, range(client_processes)))
         load_start = time.perf_counter()
         with TritonServer(options) as server:
             print(f"{system}: server ready in {time.perf_counter() - load_start:.1f} s", flush=True)
-            if openai:   # its first requests read the model's config and open the channel to Triton
-                asyncio.run(run_openai(server.openai_url, requests[:2], 2, model))
+            if openai:   # its first requests read the model's config and open each worker's channel to Triton
+                spread(pool, client_processes, "openai", server.openai_url, requests[:2 * openai_workers],
+                       2 * openai_workers, model)
             for c, n in zip(levels, counts):
-                rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests[:n], c, model,
-                                                                         batched))))
+                if openai:
+                    rows.append(summarize(system, c, *spread(pool, client_processes, "triton", server.grpc_url,
+                                                             requests[:n], c, model, batched)))
+                else:
+                    rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests[:n], c,
+                                                                             model, batched))))
                 print(rows[-1], flush=True)
                 if openai:
-                    rows.append(summarize(openai_system, c, *asyncio.run(run_openai(server.openai_url, requests[:n],
-                                                                                    c, model))))
+                    rows.append(summarize(openai_system, c, *spread(pool, client_processes, "openai",
+                                                                    server.openai_url, requests[:n], c, model)))
                     print(rows[-1], flush=True)
     return rows
 
@@ -304,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", choices=["hf"], help="also serve HF generate() in a plain Python model")
     parser.add_argument("--api", choices=["triton", "openai"], default="triton",
                         help="openai: the OpenAI frontend against gRPC directly, on one server (no in-process run)")
+    parser.add_argument("--openai-workers", type=int, default=1,
+                        help="with --api openai: the frontend's worker processes (ragstack serve --openai-workers)")
+    parser.add_argument("--client-processes", type=int, default=4,
+                        help="with --api openai: client processes sending each system's requests, the streams "
+                             "shared out among them, so that one client's event loop (the openai SDK parses "
+                             "each chunk) is not what is measured (default 4)")
     parser.add_argument("--instances", default="1",
                         help="the llm's instance counts to serve, one server each, e.g. 1,4,8 (default: 1)")
     parser.add_argument("--baseline-batch-size", type=int,
@@ -318,13 +385,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from llm_engine.engine.async_engine import AsyncLLMEngine
     from llm_engine.config import EngineConfig
+    from llm_engine.engine.async_engine import AsyncLLMEngine
     from llm_engine.engine.engine_process import cpu_threads
     from llm_engine.model.tokenizer import Tokenizer
 
     if args.api == "openai" and args.baseline:
         parser.error("--api openai compares the frontend with gRPC directly: leave out --baseline")
+    if args.openai_workers < 1 or args.client_processes < 1:
+        parser.error("--openai-workers and --client-processes must be >= 1")
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
     counts = per_level(parser, "--num-requests", args.num_requests, levels)
@@ -344,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in instance_counts:
         rows += serve(lambda dest, k=k: write_repository(dest, args.model, served, k), "llm", triton_system(k),
                       requests, levels, counts, openai=args.api == "openai",
-                      openai_system=triton_system(k).replace("triton", OPENAI_SYSTEM, 1))
+                      openai_system=triton_system(k).replace("triton", OPENAI_SYSTEM, 1),
+                      openai_workers=args.openai_workers, client_processes=args.client_processes)
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
