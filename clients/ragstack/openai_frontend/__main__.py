@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
     """Binds HOST:PORT and runs `workers` processes of this module on the socket; returns when they have
-    all exited (after SIGTERM or SIGINT, passed on to them; or when one exits, the others stopped)."""
+    all exited: 0 after SIGTERM or SIGINT (passed on to them as SIGTERM), 1 when one exited by itself (the
+    others stopped)."""
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                     backlog=2048)
@@ -100,7 +101,9 @@ def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
                 failed = True
                 stop()
             time.sleep(0.2)
-    return 1 if failed or any(proc.returncode != 0 for proc in procs) else 0
+    # A worker stopped by the SIGTERM passed on exits by it: uvicorn raises the signal again once it has
+    # shut down (or it came before uvicorn's handler), a clean stop like 0.
+    return 1 if failed or any(proc.returncode not in (0, -signal.SIGTERM) for proc in procs) else 0
 
 
 def _die_with_parent() -> None:
