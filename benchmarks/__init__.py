@@ -20,6 +20,12 @@ scikit-learn do not load with numpy 1.26; the served HF baseline hides them itse
 either way.
 `python3 -m benchmarks.make_random_model --shape llama3-8b --out /tmp/l8b` writes the Llama-3-8B-shaped
 checkpoint the GPU benchmarks run on (about 30 s).
+One-command GPU scripts (a time limit per step, results in $OUT, a summary printed last): `gpu_fp8.sh` (FP8
+weights and KV), `gpu_rag.sh` (the RAG pipeline with the 8B llm: `bench_rag_gpu`). The RAG one needs two
+device calls, since .carry and its artifacts do not fit into one 64 MiB copy: build `.carry-rag/` here with
+`python -m benchmarks.pack_rag_gpu` (int8 ONNX models, the index, faiss; ~26 MiB), run
+`source .carry/on-device.sh` with `.carry` carried, then `RAGSTACK_COMMIT=<hash> bash benchmarks/gpu_rag.sh`
+with `.carry-rag` carried, on the same warm machine.
 
 Tools that record nothing: `profile_engine` (a window of engine steps on the GPU: kernels by name, device
 busy against wall time, host time by phase), `kernel_report` (an attention kernel compiled for a GPU on

@@ -41,6 +41,8 @@ BENCHMARKS = (  # in the page's order
     Benchmark("gateway", "bench_gateway", "HTTP through the gateway vs Triton directly"),
     Benchmark("grammar", "bench_grammar", "Grammar engines for structured output: xgrammar vs llguidance"),
     Benchmark("rag", "bench_rag", "RAG query", transpose=True),
+    Benchmark("rag_gpu", "bench_rag_gpu", "RAG pipeline on the GPU: rag against the llm alone, same prompts",
+              transpose=True),
     Benchmark("retrieval", "bench_retrieval", "Retrieval quality: dense, hybrid, rerank and the final context"),
     Benchmark("load", "load_test", "Load and overload", transpose=True),
 )
