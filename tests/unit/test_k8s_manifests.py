@@ -249,7 +249,7 @@ def test_the_openai_frontend_runs_composes_command_against_every_triton_pod(ever
 
     deployments = k8s.find(everything, "Deployment", "ragstack-openai")
     assert deployments
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
     monkeypatch.setattr(frontend_main, "create_app", lambda *args: None)
     monkeypatch.delenv(admin_key.ENV, raising=False)
     headless = k8s.one(everything, "Service", "ragstack-triton-grpc")
@@ -267,8 +267,11 @@ def test_the_openai_frontend_runs_composes_command_against_every_triton_pod(ever
         assert env[admin_key.ENV] == {"secretKeyRef": {"name": k8s.ADMIN_SECRET, "key": admin_key.ENV}}
         assert env[openai_keys.ENV]["secretKeyRef"]["key"] == openai_keys.ENV
         assert env[openai_keys.ENV]["secretKeyRef"]["optional"] is True
+        # Workers as compose runs them; one process here, where the stubbed server can run in-process.
+        assert k8s.flag(args, "--openai-workers") == k8s.flag(compose, "--openai-workers") == "4"
+        workers = args.index("--openai-workers")
         with no_exit():
-            assert frontend_main.main(args[3:]) == 1     # parsed; the (stubbed) server did not start
+            assert frontend_main.main(args[3:workers] + args[workers + 2:]) == 1   # parsed; the stubbed server did not start
         assert frontend["ports"] == [
             {"name": "openai", "containerPort": openai_frontend.DEFAULT_PORT, "protocol": "TCP"}]
 
