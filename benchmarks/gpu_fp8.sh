@@ -32,23 +32,7 @@ LOGS=/tmp/fp8_logs
 mkdir -p "$OUT" "$LOGS"
 START=$(date +%s)
 
-step() {  # step NAME LOG_DIR MAX_SECONDS command...: within MAX_SECONDS and what is left of the budget
-    local name=$1 dir=$2 max=$3
-    shift 3
-    local left=$((BUDGET_S - ($(date +%s) - START)))
-    local limit=$((max < left ? max : left))
-    if [ "$limit" -le 10 ]; then
-        echo "[$name] skipped: the budget is spent" | tee -a "$OUT/steps.log"
-        return
-    fi
-    local t0=$(date +%s)
-    timeout --signal=INT --kill-after=10 "$limit" "$@" >"$dir/$name.log" 2>&1
-    local rc=$?
-    echo "[$name] exit $rc after $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/steps.log"
-    if [ "$rc" -ne 0 ]; then
-        tail -n 15 "$dir/$name.log" | sed "s/^/[$name] /" >>"$OUT/steps.log"
-    fi
-}
+source benchmarks/gpu_steps.sh  # step NAME LOG_DIR MAX_SECONDS command...
 
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv >>"$OUT/steps.log" 2>&1
 step make_model "$LOGS" 60 "$PY" -m benchmarks.make_random_model --shape llama3-8b --out "$MODEL"

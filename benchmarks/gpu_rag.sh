@@ -62,23 +62,8 @@ export PYTHONPATH="$PWD:$PWD/clients${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERE
 echo "$PWD/clients" >"$sp/ragstack-checkout.pth"
 trap 'rm -f "$sp/ragstack-checkout.pth"' EXIT
 
-step() {  # step NAME LOG_DIR MAX_SECONDS command...: within MAX_SECONDS and what is left of the budget
-    local name=$1 dir=$2 max=$3
-    shift 3
-    local left=$((BUDGET_S - ($(date +%s) - START)))
-    local limit=$((max < left ? max : left))
-    if [ "$limit" -le 10 ]; then
-        echo "[$name] skipped: the budget is spent" | tee -a "$OUT/steps.log"
-        return
-    fi
-    local t0=$(date +%s)
-    timeout --signal=INT --kill-after=20 "$limit" "$@" >"$dir/$name.log" 2>&1
-    local rc=$?
-    echo "[$name] exit $rc after $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/steps.log"
-    if [ "$rc" -ne 0 ]; then
-        tail -n 15 "$dir/$name.log" | sed "s/^/[$name] /" >>"$OUT/steps.log"
-    fi
-}
+STEP_KILL_AFTER=20  # the server and its engine process need longer to stop
+source benchmarks/gpu_steps.sh  # step NAME LOG_DIR MAX_SECONDS command...
 
 if [ "$MODE" = cpu ]; then
     MODEL="${MODEL:-/tmp/rag-tiny-llm}"

@@ -66,7 +66,6 @@ async def _events(request: Request, first: list[tuple[int, Piece]], stream: Asyn
         async for batch in stream:
             yield batch
 
-    started = False   # time to first token is observed once
     try:
         async with contextlib.aclosing(all_batches()) as batches:
             async for batch in batches:
@@ -74,9 +73,8 @@ async def _events(request: Request, first: list[tuple[int, Piece]], stream: Asyn
                 for index, piece in coalesced(batch):
                     chunk = chunks.piece(index, piece)
                     if chunk is not None:
-                        if piece.text and not started:
-                            started = True
-                            metrics.first_token(request)
+                        if piece.text:
+                            metrics.first_token(request)   # observed once, at the first
                         events.append(event(chunk))
                 if events:
                     yield b"".join(events)
