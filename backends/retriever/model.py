@@ -20,6 +20,7 @@ and an index built with its BM25 folder.
 import json
 from pathlib import Path
 
+import faiss
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -37,6 +38,9 @@ class TritonPythonModel:
         self.fusion_depth = int(params.get("fusion_depth", "50"))
         self.rrf_k = float(params.get("rrf_k", "60"))
         self.index, passages = _load(version_dir, args["model_version"], ef_search)
+        # A request searches one query, which faiss runs on one thread anyway; its other OpenMP threads
+        # would only wake and spin after each search, taking cores from the llm's engine beside it.
+        faiss.omp_set_num_threads(1)
         # Kept as numpy object arrays: a response is a fancy-indexing gather, no per-row Python.
         self.texts = np.array([p.text.encode() for p in passages], dtype=object)
         self.ids = np.array([p.id.encode() for p in passages], dtype=object)
