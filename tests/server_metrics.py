@@ -1,5 +1,5 @@
 """Reading the server's Prometheus metrics (:8002) in tests: one value per model, summed over
-versions unless one is named, and waiting for a gauge (the llm's gauges are refreshed once a second)."""
+versions unless one is named, and waiting for a gauge (the llm's gauges are refreshed every metrics_interval_s, 0.25 s)."""
 from __future__ import annotations
 
 import time
@@ -30,4 +30,4 @@ def wait_for_metric(url: str, name: str, model: str, wanted, timeout_s: float = 
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"{name}{{model={model}}} = {value} after {timeout_s} s")
-        time.sleep(0.2)
+        time.sleep(0.05)

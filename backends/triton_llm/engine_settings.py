@@ -22,7 +22,9 @@ BACKEND_KEYS = {"triton_cache_dir", "shutdown_timeout_s", "metrics_interval_s", 
 # engine_stall_timeout_s: an engine whose loop reports nothing for this long is hung: killed and restarted
 # (a step, even a long prefill, reports within seconds; warm-up happens before the model is ready).
 # engine_max_restarts: restarts allowed within 10 minutes; beyond, the model needs an unload and a load.
-BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 1.0, "max_prompt_bytes": 1 << 20,
+# metrics_interval_s: how stale the gauges may be; a refresh is a few metric sets, so a load balancer or
+# autoscaler reading running / waiting / KV use sees the engine of a quarter second ago at most.
+BACKEND_DEFAULTS = {"shutdown_timeout_s": 30.0, "metrics_interval_s": 0.25, "max_prompt_bytes": 1 << 20,
                     "engine_process": True, "engine_stall_timeout_s": 30.0, "engine_max_restarts": 3}
 
 
