@@ -3,10 +3,11 @@ model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, 
 server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
 by side in one run. With --api openai: through the OpenAI frontend (streamed completions with the
 official `openai` client; --openai-workers N frontend processes) and to Triton's gRPC directly, on the
-same server, at each concurrency; both sides' streams are shared out among --client-processes client
-processes (4), since one client process is itself a limit: the openai SDK spends about as much CPU on a
-streamed chunk as the frontend does (benchmarks/bench_openai_frontend.py), and one event loop parsing
-thousands of chunks a second delays them, in bursts, and delays the next requests' first tokens.
+same server, at each concurrency. Every served system's streams are shared out among --client-processes
+client processes (4), since one client process is itself a limit (the in-process run has no client): the
+openai SDK spends about as much CPU on a streamed chunk as the frontend does (bench_openai_frontend.py), the
+gRPC client a little less, and one event loop parsing thousands of responses a second delays them, in
+bursts, and delays the next requests' first tokens (issue 24's 64 and 256 streams are 9-20k a second).
 With --instances 1,4,8: the llm served with each count of instances (stubs sending responses, in front
 of one engine process: docs/llm_model.md, "Response instances"), one server after the other, each
 system named `triton xK` (`triton` for one), all against the same in-process run, and each checked
@@ -258,7 +259,8 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
     """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
     count of the requests (the first ones), then stop. `openai`: the server's OpenAI frontend too (with
     `openai_workers` processes), each concurrency's requests through it right after they went to gRPC
-    directly, both sent from `client_processes` processes (spread)."""
+    directly. Every system's requests are sent from `client_processes` processes (spread), so that one
+    client's event loop is not what is measured."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -273,7 +275,7 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
                                 openai_port=free_port() if openai else 0,
                                 openai=FrontendLimits(workers=openai_workers))
         pool = None
-        if openai:
+        if openai or client_processes > 1:
             pool = stack.enter_context(ProcessPoolExecutor(client_processes,
                                                            mp_context=multiprocessing.get_context("spawn")))
             list(pool.map(_warm_client_process, range(client_processes)))
@@ -284,7 +286,7 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
                 spread(pool, client_processes, "openai", server.openai_url, requests[:2 * openai_workers],
                        2 * openai_workers, model)
             for c, n in zip(levels, counts):
-                if openai:
+                if pool is not None:
                     rows.append(summarize(system, c, *spread(pool, client_processes, "triton", server.grpc_url,
                                                              requests[:n], c, model, batched)))
                 else:
@@ -368,9 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openai-workers", type=int, default=1,
                         help="with --api openai: the frontend's worker processes (ragstack serve --openai-workers)")
     parser.add_argument("--client-processes", type=int, default=4,
-                        help="with --api openai: client processes sending each system's requests, the streams "
-                             "shared out among them, so that one client's event loop (the openai SDK parses "
-                             "each chunk) is not what is measured (default 4)")
+                        help="client processes sending each served system's requests, the streams shared out among "
+                             "them, so that one client's event loop (the gRPC client's or the openai SDK's, parsing "
+                             "each response) is not what is measured (default 4; the in-process run has no client)")
     parser.add_argument("--instances", default="1",
                         help="the llm's instance counts to serve, one server each, e.g. 1,4,8 (default: 1)")
     parser.add_argument("--baseline-batch-size", type=int,
