@@ -208,21 +208,31 @@ async def run_in_process(engine, requests, concurrency: int) -> tuple[list[Resul
     return results, time.perf_counter() - t0
 
 
-def summarize(system: str, concurrency: int, results: list[Result], elapsed: float) -> dict:
+def summarize(system: str, concurrency: int, results: list[Result], elapsed: float,
+              server: dict | None = None) -> dict:
+    """`server`: the llm's per-call means from the server's metrics over the run (rag_bench.breakdown), so
+    that a served TTFT can be split into Triton's queue, the engine's own TTFT (from the stub's intake to the
+    first token) and the rest (gRPC in, execute, the first response's way out, the client)."""
     tokens = sum(r.tokens for r in results)
     ttft = [r.ttft for r in results]
     gaps = [g for r in results for g in r.gaps]
+    server = server or {}
     return {"system": system, "concurrency": concurrency, "requests": len(results), "output_tokens": tokens,
             "seconds": elapsed, "tok_s": tokens / elapsed, "ttft_p50_ms": percentile_ms(ttft, 50),
             "ttft_p99_ms": percentile_ms(ttft, 99), "itl_p50_ms": percentile_ms(gaps, 50),
-            "itl_p99_ms": percentile_ms(gaps, 99)}
+            "itl_p99_ms": percentile_ms(gaps, 99), "ttft_mean_ms": float(np.mean(ttft) * 1e3) if ttft else float("nan"),
+            "server_queue_ms": server.get("queue_ms"), "engine_ttft_ms": server.get("ttft_ms")}
 
 
 def table_row(r: dict) -> dict:
     return {"system": r["system"], "concurrency": r["concurrency"], "requests": r["requests"],
             "output tok": r["output_tokens"], "tok/s": round(r["tok_s"]),
             **{f"{name} {q} ms": rounded(r[f"{key}_{q}_ms"], 1) for name, key in (("TTFT", "ttft"), ("ITL", "itl"))
-               for q in ("p50", "p99")}}
+               for q in ("p50", "p99")},
+            "TTFT mean ms": rounded(r.get("ttft_mean_ms"), 1),
+            "of it: Triton queue / engine TTFT ms (server means)": (
+                f"{r['server_queue_ms']:.1f} / {r['engine_ttft_ms']:.1f}"
+                if r.get("server_queue_ms") is not None and r.get("engine_ttft_ms") is not None else None)}
 
 
 def triton_system(instances: int) -> str:
@@ -264,6 +274,7 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from ragstack import rag_bench
     from ragstack.launcher import ServerOptions, TritonServer, free_port
     from ragstack.openai_frontend.limits import FrontendLimits
 
@@ -285,18 +296,23 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
             if openai:   # its first requests read the model's config and open each worker's channel to Triton
                 spread(pool, client_processes, "openai", server.openai_url, requests[:2 * openai_workers],
                        2 * openai_workers, model)
+            def measured(name: str, c: int, run) -> dict:
+                before = rag_bench.scrape(server.metrics_url)
+                results, elapsed = run()
+                steps = rag_bench.breakdown(before, rag_bench.scrape(server.metrics_url))
+                rows.append(summarize(name, c, results, elapsed, steps.get(model)))
+                print(rows[-1], flush=True)
+
             for c, n in zip(levels, counts):
                 if pool is not None:
-                    rows.append(summarize(system, c, *spread(pool, client_processes, "triton", server.grpc_url,
-                                                             requests[:n], c, model, batched)))
+                    measured(system, c, lambda: spread(pool, client_processes, "triton", server.grpc_url, requests[:n],
+                                                       c, model, batched))
                 else:
-                    rows.append(summarize(system, c, *asyncio.run(run_triton(server.grpc_url, requests[:n], c,
-                                                                             model, batched))))
-                print(rows[-1], flush=True)
+                    measured(system, c, lambda: asyncio.run(run_triton(server.grpc_url, requests[:n], c, model,
+                                                                       batched)))
                 if openai:
-                    rows.append(summarize(openai_system, c, *spread(pool, client_processes, "openai",
-                                                                    server.openai_url, requests[:n], c, model)))
-                    print(rows[-1], flush=True)
+                    measured(openai_system, c, lambda: spread(pool, client_processes, "openai", server.openai_url,
+                                                              requests[:n], c, model))
     return rows
 
 
