@@ -277,10 +277,14 @@ def test_the_openai_frontend_runs_composes_command_against_every_triton_pod(ever
 
 
 def test_a_plain_triton_address_keeps_tritonclients_channel_and_dns_balances():
-    assert channel_args("triton:8001") is None
+    import tritonclient.grpc.aio as grpcaio
+
+    plain = dict(channel_args("triton:8001"))
+    assert "grpc.lb_policy_name" not in plain
+    assert plain["grpc.keepalive_time_ms"] == grpcaio.KeepAliveOptions().keepalive_time_ms
     balanced = dict(channel_args("dns:///ragstack-triton-grpc:8001"))
-    assert balanced["grpc.lb_policy_name"] == "round_robin"
-    assert balanced["grpc.max_receive_message_length"] > 2 ** 30    # tritonclient's own options kept
+    assert balanced.pop("grpc.lb_policy_name") == "round_robin"
+    assert balanced == plain and plain["grpc.max_receive_message_length"] > 2 ** 30   # tritonclient's own options
 
 
 def test_the_secret_holds_the_admin_key_under_the_name_every_program_reads(rendered, everything):

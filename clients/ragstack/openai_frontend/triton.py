@@ -1,13 +1,15 @@
-"""Triton over gRPC (tritonclient.grpc.aio), as the frontend needs it: one request on a stream of its own
-(decoupled models), unary inference, model configs (cached), the repository index, load and unload.
+"""Triton over gRPC, as the frontend needs it: one request on a stream of its own (decoupled models; the
+messages written and read by triton_wire.py), and through tritonclient.grpc.aio unary inference, model
+configs (cached), the repository index, load and unload.
 
-One channel serves every request. A stream whose consumer stops early is cancelled, which makes
+One channel serves every stream, another (tritonclient's) the rest. A stream whose consumer stops early is cancelled, which makes
 Triton cancel the request (the llm frees its KV blocks). Every failure is an APIError. An address
 `dns:///HOST:PORT` (on Kubernetes, a headless Service: one address per Triton pod) spreads requests over
 every address the name resolves to (round_robin), where HOST:PORT keeps one connection to one server.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import AsyncIterator
 
@@ -15,19 +17,20 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ragstack import admin_key
+from ragstack.openai_frontend import triton_wire
 from ragstack.openai_frontend.errors import APIError, from_triton, unreachable
 
-_DTYPES = {np.dtype(np.object_): "BYTES", np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32"}
 CONFIG_CACHE_S = 5.0   # a model loaded or unloaded is seen within this
 
 
 def tensors_of(inputs: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
     out = []
     for name, array in inputs.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), _DTYPES[array.dtype])
+        tensor = grpcclient.InferInput(name, list(array.shape), triton_wire.DATATYPES[array.dtype])
         tensor.set_data_from_numpy(array)
         out.append(tensor)
     return out
@@ -45,27 +48,27 @@ def flag(value: bool) -> np.ndarray:
     return np.array([value], dtype=np.bool_)
 
 
-def channel_args(address: str) -> list[tuple[str, object]] | None:
-    """None (tritonclient's defaults) for HOST:PORT; for `dns:///HOST:PORT` the same options with the
-    round_robin policy, so each new stream goes to the next Triton pod rather than all of them to the one
-    pod a single connection reached. The name is resolved again when a pod's connection closes (a pod
-    drained or replaced); docs/scaling.md says when new pods get traffic."""
-    if not address.startswith("dns:"):
-        return None
+def channel_args(address: str) -> list[tuple[str, object]]:
+    """tritonclient's own channel options; for `dns:///HOST:PORT` with the round_robin policy too, so each
+    new stream goes to the next Triton pod rather than all of them to the one pod a single connection
+    reached. The name is resolved again when a pod's connection closes (a pod drained or replaced);
+    docs/scaling.md says when new pods get traffic."""
     keepalive = grpcaio.KeepAliveOptions()
-    return [("grpc.max_send_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-            ("grpc.lb_policy_name", "round_robin")]
+    options = [("grpc.max_send_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
+               ("grpc.max_receive_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
+               ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+               ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+               ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+               ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data)]
+    return options + [("grpc.lb_policy_name", "round_robin")] if address.startswith("dns:") else options
 
 
 class Triton:
     def __init__(self, address: str, key: str | None):
         self.address = address
         self._client = grpcaio.InferenceServerClient(address, channel_args=channel_args(address))
+        self._streams = grpc.aio.insecure_channel(address, options=channel_args(address))
+        self._stream_infer = service_pb2_grpc.GRPCInferenceServiceStub(self._streams).ModelStreamInfer
         self._admin = admin_key.headers("grpc", key)
         self._configs: dict[str, tuple[float, dict | None]] = {}
 
@@ -73,28 +76,32 @@ class Triton:
                      params: dict[str, str] | None = None) -> AsyncIterator[dict[str, np.ndarray]]:
         """Each response's outputs; ends after the request's last. `params` name the request fields
         behind the model's inputs in its error messages (errors.from_triton)."""
-        async def one_request():
-            yield {"model_name": model, "inputs": tensors_of(inputs), "parameters": parameters}
-
-        responses = self._client.stream_infer(one_request())
+        call = self._stream_infer()
         finished = False
         try:
+            try:
+                await call.write(triton_wire.request(model, inputs, parameters))
+                await call.done_writing()  # Triton still streams every response of the request
+            except grpc.aio.AioRpcError as exc:
+                raise unreachable(self.address, f"{exc.code().name}: {exc.details()}") from None
+            except asyncio.InvalidStateError:  # the call ended before the request went out: read says why
+                pass
             while True:
                 try:
-                    result, error = await responses.__anext__()
-                except StopAsyncIteration:
-                    break
+                    response = await call.read()
                 except grpc.aio.AioRpcError as exc:  # no Triton to answer, or it went away
                     raise unreachable(self.address, f"{exc.code().name}: {exc.details()}") from None
-                if error is not None:
-                    raise from_triton(error.message(), None, params)
-                outputs = {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
+                if response is grpc.aio.EOF:
+                    break
+                if response.error_message:
+                    raise from_triton(response.error_message, None, params)
+                outputs = triton_wire.outputs(response.infer_response)
                 if outputs:
                     yield outputs
             finished = True
         finally:
             if not finished:  # given up (the client went away, an error): Triton cancels the request
-                responses.cancel()
+                call.cancel()
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     params: dict[str, str] | None = None) -> dict[str, np.ndarray]:
@@ -164,6 +171,7 @@ class Triton:
             return False
 
     async def close(self) -> None:
+        await self._streams.close()
         await self._client.close()
 
 
