@@ -4,7 +4,10 @@ Two sets: ours, `triton_llm_*`, and vllm_backend's `vllm:*` families with its na
 buckets (its README), plus the vLLM server's `vllm:num_requests_*` and `vllm:kv_cache_usage_perc`
 gauges, so dashboards and alerts built for vllm_backend work unchanged. Gauges and token counters
 are refreshed from the engine's stats by a timer thread; the histograms move when a request
-produces its first token or finishes.
+produces its first token or finishes, its gaps between tokens a moment after it finishes, from a
+thread of their own: each observation is a round trip to Triton (25-45 us), and on the thread that
+sends the responses a 400-token answer's 800 gap observations held every other stream of the
+instance for 20 ms (ITL p99 +10-15 ms at 8 streams an instance).
 
 Several instances of one model share one engine (response_instances.py): each publishes the
 series of its own requests (histograms, finished-request counters), and one of them, the one the
@@ -13,6 +16,7 @@ preemptions, prefill and generated tokens), so a sum over the instances counts t
 """
 from __future__ import annotations
 
+import queue
 import threading
 
 import triton_python_backend_utils as pb_utils
@@ -103,6 +107,9 @@ class LLMMetrics:
         self._thread = threading.Thread(target=self._refresh_loop, args=(interval_s,), daemon=True,
                                         name="triton_llm-metrics")
         self._thread.start()
+        self._gaps: queue.SimpleQueue = queue.SimpleQueue()  # each finished request's inter-token gaps; None: stop
+        self._gap_thread = threading.Thread(target=self._observe_gaps, daemon=True, name="triton_llm-token-gaps")
+        self._gap_thread.start()
 
     def observe_first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
@@ -113,9 +120,8 @@ class LLMMetrics:
         if stats.finished_time is not None:
             self.e2e.observe(stats.finished_time - stats.arrival_time)
             self.vllm_e2e.observe(stats.finished_time - stats.arrival_time)
-        for gap in stats.inter_token_latencies:
-            self.tpot.observe(gap)
-            self.vllm_tpot.observe(gap)
+        if stats.inter_token_latencies:
+            self._gaps.put(list(stats.inter_token_latencies))
         self.prompt_tokens.increment(stats.num_prompt_tokens)
         self.generation_tokens.increment(stats.num_generated_tokens)
         self.requests.increment(1)
@@ -138,6 +144,15 @@ class LLMMetrics:
         elif not exporting and self.engine is not None:
             self.engine = None
 
+    def _observe_gaps(self) -> None:
+        while (gaps := self._gaps.get()) is not None:
+            try:
+                for gap in gaps:
+                    self.tpot.observe(gap)
+                    self.vllm_tpot.observe(gap)
+            except Exception as exc:  # stats must never take the model down
+                pb_utils.Logger.log_warn(f"triton_llm: observing token gaps failed: {exc}")
+
     def _refresh_loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
             try:
@@ -146,8 +161,11 @@ class LLMMetrics:
                 pb_utils.Logger.log_warn(f"triton_llm: metrics refresh failed: {exc}")
 
     def close(self) -> None:
+        """The gaps of requests that finished are observed first (the histograms' families outlive this)."""
         self._stop.set()
+        self._gaps.put(None)
         self._thread.join(timeout=5)
+        self._gap_thread.join(timeout=5)
 
 
 class _EngineSeries:

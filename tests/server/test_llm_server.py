@@ -196,6 +196,9 @@ def test_metrics_move(server):
              "triton_llm_e2e_request_latency_seconds_count", "triton_llm_requests_finished_total"]
     before = {n: metric_value(server.metrics_url, n) for n in names}
     generate(server.grpc_url, "metrics please")
+    # The gaps between tokens are observed by a thread of their own once the request has finished.
+    gaps = "triton_llm_time_per_output_token_seconds_count"
+    wait_for_metric(server.metrics_url, gaps, "llm", lambda v: v > before[gaps], timeout_s=5)
     after = {n: metric_value(server.metrics_url, n) for n in names}
     for n in names:
         assert after[n] > before[n], n
