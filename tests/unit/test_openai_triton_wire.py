@@ -47,3 +47,21 @@ def test_outputs_read_as_tritonclient_reads_them():
         expected = theirs.as_numpy(name)
         assert ours[name].dtype == expected.dtype and ours[name].shape == expected.shape
         assert ours[name].tolist() == expected.tolist() == outputs[name].tolist()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.raw_output_contents.pop(), "2 outputs but 1 raw contents"),
+    (lambda r: setattr(r.outputs[1], "datatype", "BF16"), "datatype BF16 is not read here"),
+    (lambda r: r.raw_output_contents.__setitem__(0, b"\x09\x00\x00\x00abc"), "runs past the 7 bytes"),
+    (lambda r: r.raw_output_contents.__setitem__(1, b"\x01\x00"), "'count' \\(INT32 \\[1\\]\\)"),
+])
+def test_a_response_that_does_not_match_its_outputs_is_refused_by_name(change, message):
+    response = service_pb2.ModelInferResponse(model_name="llm")
+    response.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+    response.raw_output_contents.append(serialize_byte_tensor(np.array([b"ok"], dtype=np.object_)).item())
+    response.outputs.add(name="count", datatype="INT32", shape=[1])
+    response.raw_output_contents.append(np.array([5], dtype=np.int32).tobytes())
+    assert triton_wire.outputs(response)["count"].tolist() == [5]
+    change(response)
+    with pytest.raises(triton_wire.WireError, match=message):
+        triton_wire.outputs(response)

@@ -95,7 +95,11 @@ class Triton:
                     break
                 if response.error_message:
                     raise from_triton(response.error_message, None, params)
-                outputs = triton_wire.outputs(response.infer_response)
+                try:
+                    outputs = triton_wire.outputs(response.infer_response)
+                except triton_wire.WireError as error:
+                    raise APIError(500, f"tritonserver at {self.address} sent a response that does not read: "
+                                        f"{error}") from None
                 if outputs:
                     yield outputs
             finished = True
