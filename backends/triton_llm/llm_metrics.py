@@ -3,11 +3,12 @@
 Two sets: ours, `triton_llm_*`, and vllm_backend's `vllm:*` families with its names, meanings and
 buckets (its README), plus the vLLM server's `vllm:num_requests_*` and `vllm:kv_cache_usage_perc`
 gauges, so dashboards and alerts built for vllm_backend work unchanged. Gauges and token counters
-are refreshed from the engine's stats by a timer thread; the histograms move when a request
-produces its first token or finishes, its gaps between tokens a moment after it finishes, from a
-thread of their own: each observation is a round trip to Triton (25-45 us), and on the thread that
-sends the responses a 400-token answer's 800 gap observations held every other stream of the
-instance for 20 ms (ITL p99 +10-15 ms at 8 streams an instance).
+are refreshed from the engine's stats by a timer thread. The latency and size histograms of a
+request move when it finishes; its time to first token (once it has one) and its gaps between
+tokens (once it finishes) a moment later, from a thread of their own: each observation is a round
+trip to Triton (25-45 us), and on the thread that sends the responses a 400-token answer's 800 gap
+observations held the instance's other streams for 20 ms (ITL p99 +10-15 ms at 8 streams an
+instance), and the first token waited for its two.
 
 Several instances of one model share one engine (response_instances.py): each publishes the
 series of its own requests (histograms, finished-request counters), and one of them, the one the
@@ -28,9 +29,9 @@ _VLLM_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5
 _VLLM_TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 _VLLM_E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 _VLLM_N_BUCKETS = [1, 2, 5, 10, 20]
-# Finished requests whose gaps wait to be observed; past this the newest are left out (and counted in the
-# log): one thread's round trips, about 30k gaps a second, fall behind only beyond ~15k tokens/s an instance.
-_MAX_PENDING_GAP_LISTS = 1024
+# Requests' latencies waiting to be observed; past this the newest are left out (and counted in the log):
+# one thread's round trips, about 30k observations a second, fall behind only beyond ~15k tokens/s an instance.
+_MAX_PENDING = 1024
 
 
 def _buckets_1_2_5(maximum: int) -> list[int]:
@@ -110,14 +111,14 @@ class LLMMetrics:
         self._thread = threading.Thread(target=self._refresh_loop, args=(interval_s,), daemon=True,
                                         name="triton_llm-metrics")
         self._thread.start()
-        self._gaps: queue.Queue = queue.Queue(_MAX_PENDING_GAP_LISTS)  # finished requests' gaps; None: stop
-        self._gaps_left_out = 0
-        self._gap_thread = threading.Thread(target=self._observe_gaps, daemon=True, name="triton_llm-token-gaps")
-        self._gap_thread.start()
+        # (histograms, values): each value into each histogram; None: stop
+        self._pending: queue.Queue = queue.Queue(_MAX_PENDING)
+        self._left_out = 0
+        self._observer = threading.Thread(target=self._observe_pending, daemon=True, name="triton_llm-latencies")
+        self._observer.start()
 
     def observe_first_token(self, ttft_s: float) -> None:
-        self.ttft.observe(ttft_s)
-        self.vllm_ttft.observe(ttft_s)
+        self._observe_later((self.ttft, self.vllm_ttft), [ttft_s])
 
     def observe_finished(self, stats) -> None:
         """`stats` is the request's llm_engine RequestStats."""
@@ -126,13 +127,7 @@ class LLMMetrics:
             self.vllm_e2e.observe(stats.finished_time - stats.arrival_time)
         gaps = stats.inter_token_latencies
         if gaps:
-            try:
-                self._gaps.put_nowait(gaps)
-            except queue.Full:
-                self._gaps_left_out += 1
-                if self._gaps_left_out in (1, 10, 100) or self._gaps_left_out % 1000 == 0:
-                    pb_utils.Logger.log_warn(f"triton_llm: the token-gap histograms are behind; {self._gaps_left_out} "
-                                             "finished requests' gaps left out so far")
+            self._observe_later((self.tpot, self.vllm_tpot), gaps)
         self.prompt_tokens.increment(stats.num_prompt_tokens)
         self.generation_tokens.increment(stats.num_generated_tokens)
         self.requests.increment(1)
@@ -155,14 +150,24 @@ class LLMMetrics:
         elif not exporting and self.engine is not None:
             self.engine = None
 
-    def _observe_gaps(self) -> None:
-        while (gaps := self._gaps.get()) is not None:
+    def _observe_later(self, histograms: tuple, values: list[float]) -> None:
+        try:
+            self._pending.put_nowait((histograms, values))
+        except queue.Full:
+            self._left_out += 1
+            if self._left_out in (1, 10, 100) or self._left_out % 1000 == 0:
+                pb_utils.Logger.log_warn(f"triton_llm: the latency histograms are behind; {self._left_out} "
+                                         "observations of requests left out so far")
+
+    def _observe_pending(self) -> None:
+        while (item := self._pending.get()) is not None:
+            histograms, values = item
             try:
-                for gap in gaps:
-                    self.tpot.observe(gap)
-                    self.vllm_tpot.observe(gap)
+                for value in values:
+                    for histogram in histograms:
+                        histogram.observe(value)
             except Exception as exc:  # noqa: BLE001 - stats must never take the model down
-                pb_utils.Logger.log_warn(f"triton_llm: observing token gaps failed: {exc}")
+                pb_utils.Logger.log_warn(f"triton_llm: observing latencies failed: {exc}")
 
     def _refresh_loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -172,16 +177,16 @@ class LLMMetrics:
                 pb_utils.Logger.log_warn(f"triton_llm: metrics refresh failed: {exc}")
 
     def close(self) -> None:
-        """The gaps of requests that finished are observed first (the histograms' families outlive this)."""
+        """What is pending is observed first (the histograms' families outlive this)."""
         self._stop.set()
         try:
-            self._gaps.put(None, timeout=5)   # after what is queued
+            self._pending.put(None, timeout=5)   # after what is queued
         except queue.Full:
             pass
         self._thread.join(timeout=5)
-        self._gap_thread.join(timeout=5)
-        if self._gap_thread.is_alive():
-            pb_utils.Logger.log_warn("triton_llm: the token-gap histograms were still being written at unload")
+        self._observer.join(timeout=5)
+        if self._observer.is_alive():
+            pb_utils.Logger.log_warn("triton_llm: the latency histograms were still being written at unload")
 
 
 class _EngineSeries:
