@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import record
+from benchmarks.bench_serving import per_level
 from benchmarks.provenance import machine
 from benchmarks.table import markdown, rounded
 
@@ -291,14 +292,6 @@ def verdict(rows: list[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def per_level(parser, flag: str, value: str, levels: list[int]) -> list[int]:
-    counts = [int(x) for x in value.split(",")]
-    counts = counts * len(levels) if len(counts) == 1 else counts
-    if len(counts) != len(levels) or min(counts) < 1:
-        parser.error(f"{flag} {value!r}: one count >= 1, or one per --concurrency level")
-    return counts
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -299,7 +299,8 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
             if openai:   # its first requests read the model's config and open each worker's channel to Triton
                 spread(pool, client_processes, "openai", server.openai_url, requests[:2 * openai_workers],
                        2 * openai_workers, model)
-            def measured(name: str, c: int, run) -> dict:
+
+            def measured(name: str, c: int, run) -> None:
                 before = rag_bench.scrape(server.metrics_url)
                 results, elapsed = run()
                 steps = rag_bench.breakdown(before, rag_bench.scrape(server.metrics_url))
