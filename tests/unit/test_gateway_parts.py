@@ -9,7 +9,7 @@ import pytest
 from multidict import CIMultiDict
 
 from ragstack import serve
-from ragstack.gateway import json_depth
+from ragstack.gateway import generate_body, json_depth
 from ragstack.gateway import limits as gateway_limits
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.gateway.upstream import end_to_end
@@ -54,3 +54,14 @@ def test_a_limit_out_of_range_is_named():
     gateway_limits.add_arguments(parser)
     with pytest.raises(ValueError, match="max_json_depth must be > 0, got 0"):
         gateway_limits.from_args(parser.parse_args(["--max-json-depth", "0"]))
+
+
+def test_the_gateways_config_caches_keep_the_newest_entries_up_to_their_bound():
+    cache: dict = {}
+    for i in range(generate_body.MAX_CACHED + 10):
+        generate_body._put(cache, f"/v2/models/m{i}", (i, None))
+    assert len(cache) == generate_body.MAX_CACHED
+    assert "/v2/models/m9" not in cache and "/v2/models/m10" in cache
+    generate_body._put(cache, "/v2/models/m10", (0, None))  # refreshed: the newest again, kept longest
+    generate_body._put(cache, "/v2/models/new", (0, None))
+    assert "/v2/models/m10" in cache and "/v2/models/m11" not in cache
