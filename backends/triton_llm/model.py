@@ -32,7 +32,8 @@ import triton_python_backend_utils as pb_utils
 
 from engine_settings import load_settings
 from chat_tools import template_info
-from llm_request import INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, asks_template_info, parse_request
+from llm_request import (ABORT_KEY, INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, asks_template_info,
+                         parse_request)
 from response_instances import check_thread_engine, engine_share, instances_on_device
 from responses import ResponseBuilder
 
@@ -87,13 +88,14 @@ class TritonPythonModel:
         self._dead_error = EngineDeadError
         instances = instances_on_device(self.model_config, args.get("model_instance_kind", "MODEL"),
                                         int(args.get("model_instance_device_id", 0)))
+        self._shared_engine = settings["engine_process"] and instances > 1
         if settings["engine_process"]:
             from llm_engine.engine.process_client import EngineProcessClient
             # A process of its own owns the engine and its step loop, away from this process's GIL
             # (each response sent waits for an IPC round trip); it warms up before it says it is
             # ready. The model's instances on this device share it (response_instances.py).
             share = engine_share(self.name, self.version, self.model_config, config, instances)
-            start = lambda: EngineProcessClient(config, share=share)  # noqa: E731
+            start = lambda: EngineProcessClient(config, share=share, on_note=self._note)  # noqa: E731
             where = "in a process of its own"
             if instances > 1:
                 where += f" shared by {instances} instances"
@@ -250,12 +252,30 @@ class TritonPythonModel:
                 await asyncio.sleep(pause)
 
     def _abort_by_key(self, key: str, sender) -> None:
-        entry = self._by_cancel_key.get(key)
-        if entry is not None:
-            engine, request_id, cancelled = entry
-            cancelled.set()
-            engine.abort(request_id)
+        """An abort lands on whichever instance Triton picks: the request's own instance may be another,
+        so the key also goes to the engine's other clients (the instances sharing it, _note)."""
+        if not self._abort_here(key) and self._shared_engine:
+            try:
+                self.supervisor.engine().send_note((ABORT_KEY, key))
+            except self._unavailable_errors:
+                pass   # restarting: the requests the old engine held are gone
         self._send(sender, None, FINAL)
+
+    def _abort_here(self, key: str) -> bool:
+        entry = self._by_cancel_key.get(key)
+        if entry is None:
+            return False
+        engine, request_id, cancelled = entry
+        cancelled.set()
+        engine.abort(request_id)
+        return True
+
+    def _note(self, note) -> None:
+        """Another instance's note, on the engine client's reader thread: an abort by key it got."""
+        kind, key = note
+        loop = getattr(self, "loop", None)  # notes can come while initialize has not made it yet
+        if kind == ABORT_KEY and loop is not None:
+            loop.call_soon_threadsafe(self._abort_here, key)
 
     def _fail(self, sender, req: LLMRequest, message: str, code) -> None:
         """End the request with an error: an error response, or for a caller that asks (our BLS

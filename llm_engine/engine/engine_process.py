@@ -40,7 +40,8 @@ from llm_engine.config import EngineConfig
 from llm_engine.engine.engine_loop import EngineLoop, StepReport
 from llm_engine.engine.input_processor import EngineRequest
 from llm_engine.engine.llm_engine import LLMEngine, start_engine
-from llm_engine.engine.protocol import (ABORT, ADD, CLOSED, DETACH, HELLO, READY, REFUSED, STEP, portable)
+from llm_engine.engine.protocol import (ABORT, ADD, CLOSED, DETACH, HELLO, NOTE, READY, REFUSED, STEP,
+                                         portable)
 
 logger = logging.getLogger("llm_engine.engine.engine_process")
 
@@ -186,6 +187,11 @@ class EngineServer:
                     self.loop.abort(message[1])
             elif kind == DETACH:
                 self._detach(client, message[1])
+            elif kind == NOTE:
+                with self._lock:
+                    others = [c for c in self._clients.values() if c is not client and not c.gone]
+                for other in others:
+                    other.post(message)
 
     def _add(self, client: _Client, request: EngineRequest) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ import signal
 import socket
 import threading
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from llm_engine.child_process import TAIL_LINES, ChildProcess, log_tail
@@ -30,7 +31,7 @@ from llm_engine.engine.client import EngineClient
 from llm_engine.engine.engine_loop import StepReport
 from llm_engine.engine.engine_share import EngineShare, remove_stale
 from llm_engine.engine.input_processor import EngineRequest
-from llm_engine.engine.protocol import ABORT, ADD, CLOSED, DETACH, HELLO, READY, REFUSED, STEP
+from llm_engine.engine.protocol import ABORT, ADD, CLOSED, DETACH, HELLO, NOTE, READY, REFUSED, STEP
 from llm_engine.errors import EngineClosedError, EngineDeadError, EngineStartError
 from llm_engine.model.tokenizer import Tokenizer
 
@@ -47,11 +48,13 @@ MODULE = "llm_engine.engine.engine_process"
 
 class EngineProcessClient(EngineClient):
     def __init__(self, config: EngineConfig, start_timeout_s: float = START_TIMEOUT_S,
-                 share: EngineShare | None = None) -> None:
+                 share: EngineShare | None = None, on_note: Callable[[object], None] | None = None) -> None:
         """Start the engine process and wait until it has warmed up, or with `share` join the engine
         there if one takes this client (EngineStartError if it fails or is not ready within
-        `start_timeout_s`)."""
+        `start_timeout_s`). `on_note`: called on the reader thread with each note another client of
+        the engine sent (send_note)."""
         tokenizer = Tokenizer(config.model_config.path)
+        self._on_note = on_note
         self._send_lock = threading.Lock()
         self._kill_reason: str | None = None
         self._child: ChildProcess | None = None   # the engine, when this client started it
@@ -178,6 +181,14 @@ class EngineProcessClient(EngineClient):
         except EngineDeadError:
             pass
 
+    def send_note(self, note: object) -> None:
+        """`note` (picklable) to the engine's other clients' `on_note`; nothing where there are none, or the
+        engine is gone."""
+        try:
+            self._send((NOTE, note))
+        except EngineDeadError:
+            pass
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting requests, let in-flight ones finish for up to `timeout` seconds (None: no
         limit), abort the rest; the engine then ends this client. The last client's leaving closes
@@ -237,6 +248,8 @@ class EngineProcessClient(EngineClient):
             self._take(StepReport([d for r in reports for d in r.deltas], [e for r in reports for e in r.errors],
                                   last.stats, last.num_adds_taken))
         for message in batch:
+            if message[0] == NOTE and self._on_note is not None:
+                self._on_note(message[1])
             if message[0] == CLOSED:
                 self._clients_left = message[1]
                 self.exporter = False

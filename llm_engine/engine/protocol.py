@@ -7,6 +7,9 @@ client -> engine    (HELLO,)                       a client that connected to th
                     (ABORT, request_id)
                     (DETACH, timeout_s or None)    this client leaves: its requests finish, those left at
                                                    the deadline are aborted, then CLOSED
+                    (NOTE, note)                   for the engine's other clients, passed on as it is (a
+                                                   model instance that got an abort for a request another
+                                                   instance holds: llm_engine knows nothing of its meaning)
 engine -> client    (READY, EngineStats, pid)      warmed up (the starter), or joined (HELLO's answer)
                     (REFUSED, reason)              HELLO's answer from an engine that takes no more clients
                     (STEP, StepReport, exporter)   after every pass of the loop: this client's deltas and
@@ -15,6 +18,7 @@ engine -> client    (READY, EngineStats, pid)      warmed up (the starter), or j
                                                    oldest, the one that publishes its engine-wide metrics
                     (CLOSED, clients_left)         this client's requests are over; with 0 clients left the
                                                    engine closes and its process exits
+                    (NOTE, note)                   another client's NOTE
 
 A StepReport carries the same RequestDeltas the engine produced, so a message stays small however
 long the streams grow. Request ids are the clients' own; an id already in use fails that request.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import pickle
 
-HELLO, ADD, ABORT, DETACH = "hello", "add", "abort", "detach"
+HELLO, ADD, ABORT, DETACH, NOTE = "hello", "add", "abort", "detach", "note"
 READY, REFUSED, STEP, CLOSED = "ready", "refused", "step", "closed"
 
 

@@ -2,7 +2,7 @@
 share it (the tiny Qwen2 checkpoint on the CPU): the clients after the first join the engine the first
 started, each gets its own requests' outputs (the same as one client alone), an id in use fails only the
 request that reuses it, one client's aborts, shutdown and death end only its requests, the engine names
-one exporter of its metrics, takes no more clients than it was told (a later client starts another),
+one exporter of its metrics, passes a client's notes to the others, takes no more clients than it was told (a later client starts another),
 and exits when its last client has left; every client sees its death."""
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ CONFIG = dict(device="cpu", max_model_len=128, max_num_seqs=8)
 GREEDY = dict(temperature=0.0, max_tokens=12, ignore_eos=True)
 LONG = dict(temperature=0.0, max_tokens=110, ignore_eos=True)
 PROMPTS = ["The capital of France is", "Two plus two", "Retrieval augmented generation", "A KV cache"]
+NOTES: list[list] = [[], [], []]   # what each of `three` was sent by the others (send_note)
 
 
 def config(tiny_checkpoints) -> EngineConfig:
@@ -63,7 +64,7 @@ def idle(client) -> bool:
 def three(tiny_checkpoints, tmp_path_factory):
     """Three clients of one engine that takes four."""
     where = share(tmp_path_factory.mktemp("run"), "three", 4)
-    clients = [EngineProcessClient(config(tiny_checkpoints), share=where) for _ in range(3)]
+    clients = [EngineProcessClient(config(tiny_checkpoints), share=where, on_note=NOTES[i].append) for i in range(3)]
     yield clients
     for client in clients:
         client.shutdown(timeout=0)
@@ -142,6 +143,14 @@ def test_one_clients_abort_and_shutdown_end_only_its_requests(three, tiny_checkp
 def test_the_oldest_client_exports_the_engine_metrics(three):
     first, second, third = three
     assert wait_until(lambda: first.exporter and not second.exporter and not third.exporter, 5)
+
+
+def test_a_note_reaches_the_engines_other_clients_not_its_sender(three):
+    first, second, third = three
+    first.send_note(("abort-key", "k1"))
+    third.send_note({"any": "picklable"})
+    assert wait_until(lambda: len(NOTES[1]) == 2 and len(NOTES[0]) == 1 and len(NOTES[2]) == 1, 5)
+    assert NOTES == [[{"any": "picklable"}], [("abort-key", "k1"), {"any": "picklable"}], [("abort-key", "k1")]]
 
 
 FRONT_END = """

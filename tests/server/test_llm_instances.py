@@ -25,6 +25,7 @@ from llm_engine import LLM
 from llm_streams import StreamSession, llm_inputs
 from ragstack import load_gen, process_tree
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
+from raw_http import connect, request_bytes
 from server_helpers import free_server_options, wait_until
 
 pytestmark = pytest.mark.server
@@ -134,6 +135,24 @@ def test_a_cancel_frees_the_kv_blocks(server):
                and sum(series(server, "triton_llm_num_requests_running").values()) == 0, "the KV blocks freed", 5)
     # Cancellation is checked at most every 20 ms per stream, the gauges refreshed every 0.2 s (the fixture's).
     assert time.monotonic() - cancelled < 1.5
+
+
+def test_an_abort_by_key_reaches_the_instance_that_holds_the_request(server):
+    """The gateway aborts a generation whose client went away by its cancel key, as rag_generate aborts
+    the llm request of a cancelled rag query: that abort request lands on any instance, and every
+    instance's requests must stop. Six answered-once requests spread over three instances."""
+    body = json.dumps({"text_input": "a long one", "stream": False,
+                       "parameters": {"max_tokens": LONG, "ignore_eos": True}}).encode()
+    socks = [connect(server.http_url) for _ in range(6)]
+    for sock in socks:
+        sock.sendall(request_bytes("POST", f"/v2/models/{MODEL}/generate", body, {"Content-Type": "application/json"}))
+    wait_until(lambda: sum(series(server, "triton_llm_num_requests_running").values()) == 6, "six running", 60)
+    for sock in socks:
+        sock.close()
+    gone = time.monotonic()
+    wait_until(lambda: sum(series(server, "triton_llm_kv_cache_blocks_used").values()) == 0
+               and sum(series(server, "triton_llm_num_requests_running").values()) == 0, "the KV blocks freed", 10)
+    assert time.monotonic() - gone < 1.0   # 0.21 s measured; uncancelled, these run about 4 s here
 
 
 def test_a_killed_engine_is_noticed_by_every_instance_and_one_new_engine_serves_them(server):
