@@ -11,6 +11,7 @@ import pytest
 from llm_engine.model.tokenizer import Tokenizer
 from ragstack.error_codes import code_from_message
 from ragstack.launcher import ROOT
+from ragstack import prompt_budget
 from ragstack.prompt_budget import Candidate, PromptBudget, PromptTooLong, effective_max_tokens
 
 SYSTEM = "You answer questions using only the numbered context passages you are given."
@@ -77,3 +78,20 @@ def test_the_json_answer_instruction_is_counted(budget):
 ])
 def test_max_tokens_as_the_llm_resolves_it(tensor, sampling, parameters, expected):
     assert effective_max_tokens(tensor, sampling, parameters, 256) == expected
+
+
+def test_each_passages_share_of_the_whole_prompt_is_its_block_counted_alone(budget):
+    blocks = [prompt_budget.block(n, c, c.text) for n, c in enumerate(candidates(40, 7, 90), 1)]
+    text = budget.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt_budget.user_message("q?", "\n\n".join(blocks))}], tokenize=False)
+    shares = prompt_budget._block_costs(text, budget._backend.encode(text, add_special_tokens=False).offsets, blocks)
+    assert shares == [budget._tokens(("\n\n" if n else "") + b) for n, b in enumerate(blocks)]
+    assert prompt_budget._block_costs(text.replace("[2]", "[two]"), [], blocks) == []   # not found: none
+
+
+def test_a_prompt_of_every_passage_within_min_context_tokens_of_the_budget_is_still_checked(budget):
+    """Whole passages that fit, but with a question that leaves less than min_context_tokens: refused, as
+    when the passages are placed one by one."""
+    question = " ".join(["why"] * 630)   # 1,989 tokens with the template; with the passage, 2,024 of 2,032
+    with pytest.raises(PromptTooLong, match="the question takes 1989 tokens"):
+        budget.build(SYSTEM, question, candidates(3), 16)
