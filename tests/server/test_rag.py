@@ -127,8 +127,8 @@ def test_an_http_rag_query_ends_when_its_client_goes_away(triton_server, stream)
     """Through the gateway, which has the llm abort the query's generation by its cancel key: Triton 2.51
     notices a closed connection only after a first response (a single answer is also the last), and
     does not pass an ensemble's cancellation on to a step already running (rag_generate). Running requests
-    and KV blocks are back to zero within 2.5 s: the gateway's way (it sees each socket close, then aborts by
-    key) took 1.5 s once in CI; gRPC cancels and the OpenAI frontend's disconnects are held to 1 s."""
+    and KV blocks are back to zero within 1 s (issue 24; 0.21-0.28 s measured, also beside two busy
+    processes): the gauges included, at most metrics_interval_s (0.25 s) old."""
     body = json.dumps({"query": "How does paged attention store the KV cache?", "max_tokens": 400, "stream": stream,
                        "parameters": {"ignore_eos": True}}).encode()
     path = "/v2/models/rag/generate_stream" if stream else "/v2/models/rag/generate"
@@ -143,7 +143,7 @@ def test_an_http_rag_query_ends_when_its_client_goes_away(triton_server, stream)
     gone = time.monotonic()
     for gauge in ("triton_llm_num_requests_running", "triton_llm_kv_cache_blocks_used"):
         wait_for_metric(triton_server.metrics_url, gauge, "llm", lambda v: v == 0, timeout_s=10)
-    assert time.monotonic() - gone < 2.5  # uncancelled, these run about 4 s here
+    assert time.monotonic() - gone < 1.0  # uncancelled, these run about 4 s here
 
 
 def test_token_counts_when_asked(triton_server):

@@ -53,7 +53,9 @@ class Gateway:
                     async with self.upstream.exchange(request, request.rel_url.raw_path_qs, body,
                                                       content_type) as response:
                         return await relay(request, response, self.limits)
-                except asyncio.CancelledError:  # the client went away
+                # The client went away: its connection closed (the handler is cancelled), or a write to it
+                # failed or timed out first (relay raises ConnectionResetError).
+                except (asyncio.CancelledError, ConnectionResetError):
                     if key is not None:
                         self.bodies.abort_later(generate.group(1), key)
                     raise
