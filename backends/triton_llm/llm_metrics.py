@@ -3,12 +3,13 @@
 Two sets: ours, `triton_llm_*`, and vllm_backend's `vllm:*` families with its names, meanings and
 buckets (its README), plus the vLLM server's `vllm:num_requests_*` and `vllm:kv_cache_usage_perc`
 gauges, so dashboards and alerts built for vllm_backend work unchanged. Gauges and token counters
-are refreshed from the engine's stats by a timer thread. The latency and size histograms of a
-request move when it finishes; its time to first token (once it has one) and its gaps between
-tokens (once it finishes) a moment later, from a thread of their own: each observation is a round
-trip to Triton (25-45 us), and on the thread that sends the responses a 400-token answer's 800 gap
-observations held the instance's other streams for 20 ms (ITL p99 +10-15 ms at 8 streams an
-instance), and the first token waited for its two.
+are refreshed from the engine's stats by a timer thread. A request's own series (its time to first
+token, its gaps between tokens, its end-to-end latency, sizes and counts) move a moment after the
+fact, from a thread of their own: each observation is a round trip to Triton (25-45 us), and on the
+thread that sends the responses a 400-token answer's 800 gap observations held the instance's other
+streams for 20 ms (ITL p99 +10-15 ms at 8 streams an instance), the first token waited for its two,
+and a finish's counters and sizes took 1.35 ms (their round trips waiting behind that thread's).
+When its queue is full, a finish's counts are made on the loop and only its gaps left out.
 
 Several instances of one model share one engine (response_instances.py): each publishes the
 series of its own requests (histograms, finished-request counters), and one of them, the one the
@@ -111,29 +112,26 @@ class LLMMetrics:
         self._thread = threading.Thread(target=self._refresh_loop, args=(interval_s,), daemon=True,
                                         name="triton_llm-metrics")
         self._thread.start()
-        # (histograms, values): each value into each histogram; None: stop
+        # Lists of ((metric methods), [values]): each value to each method; None: stop
         self._pending: queue.Queue = queue.Queue(_MAX_PENDING)
         self._left_out = 0
         self._observer = threading.Thread(target=self._observe_pending, daemon=True, name="triton_llm-latencies")
         self._observer.start()
 
     def observe_first_token(self, ttft_s: float) -> None:
-        self._observe_later((self.ttft, self.vllm_ttft), [ttft_s])
+        self._later([((self.ttft.observe, self.vllm_ttft.observe), [ttft_s])])
 
     def observe_finished(self, stats) -> None:
         """`stats` is the request's llm_engine RequestStats."""
+        counts = [((self.prompt_tokens.increment, self.vllm_request_prompt.observe), [stats.num_prompt_tokens]),
+                  ((self.generation_tokens.increment, self.vllm_request_generation.observe),
+                   [stats.num_generated_tokens]),
+                  ((self.requests.increment, self.vllm_n.observe), [1])]
         if stats.finished_time is not None:
-            self.e2e.observe(stats.finished_time - stats.arrival_time)
-            self.vllm_e2e.observe(stats.finished_time - stats.arrival_time)
+            counts.append(((self.e2e.observe, self.vllm_e2e.observe), [stats.finished_time - stats.arrival_time]))
         gaps = stats.inter_token_latencies
-        if gaps:
-            self._observe_later((self.tpot, self.vllm_tpot), gaps)
-        self.prompt_tokens.increment(stats.num_prompt_tokens)
-        self.generation_tokens.increment(stats.num_generated_tokens)
-        self.requests.increment(1)
-        self.vllm_request_prompt.observe(stats.num_prompt_tokens)
-        self.vllm_request_generation.observe(stats.num_generated_tokens)
-        self.vllm_n.observe(1)
+        if not self._later(counts + ([((self.tpot.observe, self.vllm_tpot.observe), gaps)] if gaps else [])):
+            _apply(counts)   # the queue is full: the gaps are left out, the counts kept
 
     def refresh(self) -> None:
         stats = self._stats_fn()
@@ -150,22 +148,22 @@ class LLMMetrics:
         elif not exporting and self.engine is not None:
             self.engine = None
 
-    def _observe_later(self, histograms: tuple, values: list[float]) -> None:
+    def _later(self, groups: list) -> bool:
+        """`groups` ((metric methods), [values]) for the observing thread; False if its queue is full."""
         try:
-            self._pending.put_nowait((histograms, values))
+            self._pending.put_nowait(groups)
+            return True
         except queue.Full:
             self._left_out += 1
             if self._left_out in (1, 10, 100) or self._left_out % 1000 == 0:
                 pb_utils.Logger.log_warn(f"triton_llm: the latency histograms are behind; {self._left_out} "
-                                         "observations of requests left out so far")
+                                         "requests' latencies left out so far")
+            return False
 
     def _observe_pending(self) -> None:
-        while (item := self._pending.get()) is not None:
-            histograms, values = item
+        while (groups := self._pending.get()) is not None:
             try:
-                for value in values:
-                    for histogram in histograms:
-                        histogram.observe(value)
+                _apply(groups)
             except Exception as exc:  # noqa: BLE001 - stats must never take the model down
                 pb_utils.Logger.log_warn(f"triton_llm: observing latencies failed: {exc}")
 
@@ -187,6 +185,13 @@ class LLMMetrics:
         self._observer.join(timeout=5)
         if self._observer.is_alive():
             pb_utils.Logger.log_warn("triton_llm: the latency histograms were still being written at unload")
+
+
+def _apply(groups: list) -> None:
+    for methods, values in groups:
+        for value in values:
+            for method in methods:
+                method(value)
 
 
 class _EngineSeries:

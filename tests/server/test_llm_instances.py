@@ -111,8 +111,9 @@ def test_concurrent_streams_over_the_instances_match_one_engine_alone(server):
     for a, b in zip(shared, alone):
         assert not a.errors and a.finals == 1 and a.finish_reasons == ["length"], a
         assert a.text == b.text
+    # A finish is counted a moment after its last response, by the stub's metrics thread.
+    wait_until(lambda: sum(series(server, "triton_llm_requests_finished_total").values()) >= 24, "24 counted", 5)
     finished = series(server, "triton_llm_requests_finished_total")
-    assert sum(finished.values()) >= 24
     assert len([v for v in finished.values() if v > 0]) >= 2, finished  # Triton spread them
 
 
