@@ -200,8 +200,8 @@ class PromptBudget:
 
 def _block_costs(text: str, offsets: list[tuple[int, int]], blocks: list[str]) -> list[int]:
     """Each block's tokens in the prompt `text` (the separator before it included), from the offsets of
-    its tokenization: the tokens that start in its span. None where the template changed the passages'
-    text so that they cannot be found in it."""
+    its tokenization: the tokens that start in its span. An empty list where the template changed the
+    passages' text so that they cannot be found in it."""
     at = text.find("\n\n".join(blocks))
     if at < 0:
         return []

@@ -18,12 +18,17 @@ pytestmark = pytest.mark.server
 QUESTION = "How is the KV cache divided into blocks?"
 
 
-@pytest.fixture()
-def clients(triton_server):
-    http = httpclient.InferenceServerClient(triton_server.http_url)
-    with RagClient(triton_server.grpc_url) as rag:
+def clients_of(server):
+    """An HTTP client and a RagClient of `server`, closed after the test."""
+    http = httpclient.InferenceServerClient(server.http_url)
+    with RagClient(server.grpc_url) as rag:
         yield http, rag
     http.close()
+
+
+@pytest.fixture()
+def clients(triton_server):
+    yield from clients_of(triton_server)
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +47,7 @@ def reload_server(tmp_path_factory):
 
 @pytest.fixture()
 def reload_clients(reload_server):
-    http = httpclient.InferenceServerClient(reload_server.http_url)
-    with RagClient(reload_server.grpc_url) as rag:
-        yield http, rag
-    http.close()
+    yield from clients_of(reload_server)
 
 
 def reranker_executions(http) -> int:

@@ -11,8 +11,7 @@
    (parameters.ragstack_abort). The llm behind a model: the model itself if its backend is
    triton_llm, else the models its ensemble steps or its `llm_model` parameter name, found from the
    models' configs and kept for a minute. The lookup starts as the request arrives, in the background,
-   so that an abort is sent at once: walking the configs when the client has gone took most of the
-   1.5 s a disconnected rag query once ran on under load.
+   so that an abort is sent at once, not after walking an ensemble's configs.
 3. Nested parameters. Triton takes only strings, numbers and bools in "parameters"; an object or a
    list there (a JSON schema in guided_json, a list in guided_choice or stop) is passed as its JSON
    text, which the llm reads as the value itself.

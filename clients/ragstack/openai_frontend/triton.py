@@ -3,9 +3,10 @@ messages written and read by triton_wire.py), and through tritonclient.grpc.aio 
 configs (cached), the repository index, load and unload.
 
 One channel serves every stream, another (tritonclient's) the rest. A stream whose consumer stops early
-is cancelled, which makes Triton cancel the request (the llm frees its KV blocks). Every failure is an APIError. An address
-`dns:///HOST:PORT` (on Kubernetes, a headless Service: one address per Triton pod) spreads requests over
-every address the name resolves to (round_robin), where HOST:PORT keeps one connection to one server.
+is cancelled, which makes Triton cancel the request (the llm frees its KV blocks). Every failure is an
+APIError. An address `dns:///HOST:PORT` (on Kubernetes, a headless Service: one address per Triton pod)
+spreads requests over every address the name resolves to (round_robin), where HOST:PORT keeps one
+connection to one server.
 """
 from __future__ import annotations
 
