@@ -530,6 +530,25 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     ]
 
 
+def projection_alone_benches(s: Sizes, gen) -> list[Bench]:
+    """Each of a layer's four projections alone at one row (skinny_linear's single row, no fusion), bf16
+    against FP8 weights: over their 17-117 MB, time = start-up + bytes / rate splits the two."""
+    benches = []
+    for name, (n, k) in zip(("qkv", "o", "gate_up", "down"), layer_weight_shapes(s)):
+        weight = randn(gen, n, k) / k**0.5
+        x = randn(gen, 1, k)
+        for kind, (w, scale) in (("bf16", (weight, None)), ("fp8", K.quantize_fp8_weight_ref(weight))):
+            expected = K.skinny_linear_ref(x, w, weight_scale=scale)
+
+            def check(actual, expected=expected, case=f"{name} b=1 {kind}"):
+                expect_close(case, actual, expected, atol=6e-2, rtol=3e-2)
+
+            benches.append(Bench(f"projection {name} b=1 {kind}", f"N={n}, K={k}", "skinny_linear",
+                                 call=lambda x=x, w=w, scale=scale: K.skinny_linear(x, w, weight_scale=scale),
+                                 check=check, bytes=n * k * w.element_size() + (4 * n if scale is not None else 0)))
+    return benches
+
+
 def prefill_chunk_benches(s: Sizes, gen) -> list[Bench]:
     """Workload (c)'s second prefill chunk: the last 8192 of a 16384-token prompt over its whole context,
     bf16 KV against FP8 KV (the prefill kernel reads e4m3 tiles: conversion in registers, smaller tiles)."""
@@ -566,7 +585,7 @@ def prefill_chunk_benches(s: Sizes, gen) -> list[Bench]:
 DECODE_LONG = ("decode bf16 32k", "decode fp8 32k")
 SMALL_BATCHES = (1, 8, 16)  # decode rows of the layer_small_batch case
 # Cases that repeat part of another (a cheaper run of it alone): "all" leaves them out.
-PART_OF_ANOTHER = ("layer_single_row",)
+PART_OF_ANOTHER = ("layer_single_row", "layer_single_row_fp8")
 DECODE_SERVING = ("decode bf16 serving", "decode fp8 serving")
 BEST_HEADER = "Best launch configs (sweep; num_splits null: the heuristic's splits= in the shape):"
 
@@ -591,6 +610,8 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "fp8_gemm": lambda: [b for rows in s.fp8_gemm_rows for b in fp8_gemm_benches(s, rows, gen)],
         "layer_small_batch_fp8": lambda: [b for rows in s.fp8_small_batches
                                           for b in layer_projection_fp8_benches(s, rows, gen)],
+        "layer_single_row_fp8": lambda: layer_projection_fp8_benches(s, 1, gen),
+        "projections_single_row": lambda: projection_alone_benches(s, gen),
         "prefill_16k_chunk": lambda: prefill_chunk_benches(s, gen),
     }
 
@@ -782,7 +803,8 @@ def main() -> int:
     parser.add_argument("--cases", default="all", help="comma-separated names, or all: decode, decode_32k, "
                         "decode_serving, prefill_8k, prefill_8k_fp8, prefill_4x2k, rotary_write_kv, rms_norm, silu, "
                         "layer_small_batch, layer_single_row (its one-row case alone; not in all), fp8_gemm, "
-                        "layer_small_batch_fp8, prefill_16k_chunk")
+                        "layer_small_batch_fp8, layer_single_row_fp8 (its one-row case alone; not in all), "
+                        "projections_single_row, prefill_16k_chunk")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
