@@ -25,7 +25,9 @@ product of the quantized operands on every row tile, within fp8_gemm_error_bound
 that ran (float32 sums; Hopper's fast accumulation on its FP8 tensor cores and in cuBLAS, whose error
 grows with K), not one atol and rtol for all shapes. `layer_small_batch_fp8`
 times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones and the
-unfused FP8 path at M = 1 .. 16. `prefill_16k_chunk` is workload (c)'s second prefill chunk (8192
+unfused FP8 path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row
+tiles); `projections_single_row` times each projection alone at one row, bf16 and FP8, so that time =
+start-up + bytes / rate can be fitted over their 17-117 MB. `prefill_16k_chunk` is workload (c)'s second prefill chunk (8192
 queries over a 16k context) with bf16 KV, FP8 KV read by the kernel as e4m3 tiles, and FP8 KV copied to
 a bf16 scratch cache first (the launch config's dequantize_min_tokens: which of the two FP8 ways to take).
 
