@@ -64,13 +64,15 @@ def repository(tmp_path) -> Path:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed test whose server has exited shows the server's last log lines: CI keeps no log files."""
+    """A failed test shows its server's last log lines, whether the server exited or still runs (a
+    request that timed out): CI keeps no log files."""
     report = (yield).get_result()
     if report.failed:
         for value in getattr(item, "funcargs", {}).values():
-            if type(value).__name__ == "TritonServer" and value.process is not None and value.process.poll() is not None:
-                report.sections.append((f"tritonserver exited with code {value.process.returncode}",
-                                        value.tail_log(40)))
+            if type(value).__name__ == "TritonServer" and value.process is not None:
+                code = value.process.poll()
+                title = "tritonserver still running" if code is None else f"tritonserver exited with code {code}"
+                report.sections.append((f"{title}: its last log lines", value.tail_log(40)))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -81,3 +83,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", f"bad input: {sum(TRIED.values())} cases tried")
         for key, count in sorted(TRIED.items()):
             terminalreporter.write_line(f"  {key}: {count}")
+        for model, count in sorted(bad_input.UNANSWERED.items()):
+            terminalreporter.write_line(f"  {model}: {count} request(s) unanswered in {bad_input.REQUEST_TIMEOUT_S} s, "
+                                        "sent again (a request lost by the server)", red=True)

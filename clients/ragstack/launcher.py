@@ -33,6 +33,7 @@ from pathlib import Path
 from ragstack import admin_key
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.openai_frontend.limits import FrontendLimits
+from ragstack.parent_death import dying_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
@@ -174,12 +175,6 @@ class ServerOptions:
     openai_port: int = 0
     openai: FrontendLimits = field(default_factory=FrontendLimits)
     openai_api_key_file: Path | None = None   # else $RAGSTACK_OPENAI_API_KEY, if set (never a command line)
-
-
-def _set_parent_death_signal() -> None:
-    """Runs in the child before exec: the server dies with the launcher, even on SIGKILL."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def remove_shm_regions(prefix: str) -> None:
@@ -327,10 +322,9 @@ class TritonServer:
         cmd = self.command(install, backend_dir)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                dying_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self._environment(install), cwd=ROOT,
-                start_new_session=True,  # its own process group: we signal it and its stubs together
-                preexec_fn=_set_parent_death_signal)
+                start_new_session=True)  # its own process group: we signal it and its stubs together
         try:
             self.gateway_process = self._start_beside(self.gateway_command(), self.gateway_log_path)
             if self.options.openai_port:
@@ -349,8 +343,8 @@ class TritonServer:
             env[admin_key.ENV] = self.options.admin_key
         with open(log_path, "ab") as log:
             # In our process group, unlike Triton: a Ctrl-C reaches it, and it drains as Triton does.
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    preexec_fn=_set_parent_death_signal)
+            return subprocess.Popen(dying_with_parent(command), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env)
 
     def exit_report(self) -> str | None:
         """None while Triton, the gateway and the OpenAI frontend all run; else which one exited, with its

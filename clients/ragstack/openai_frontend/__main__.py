@@ -26,6 +26,7 @@ from ragstack.gateway.__main__ import host_port
 from ragstack.openai_frontend import keys
 from ragstack.openai_frontend import limits as frontend_limits
 from ragstack.openai_frontend.app import create_app
+from ragstack.parent_death import dying_with_parent
 
 IDLE_TIMEOUT_S = 30   # a kept-alive connection without a request
 
@@ -75,9 +76,7 @@ def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
     with tempfile.TemporaryDirectory(prefix="ragstack-openai-metrics-") as metrics_dir:
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
         command = [sys.executable, "-m", "ragstack.openai_frontend", *argv, "--listen-fd", str(sock.fileno())]
-        # No thread runs in this process yet (uvicorn and gRPC run in the workers): preexec_fn is safe.
-        procs = [subprocess.Popen(command, pass_fds=[sock.fileno()], env=env,
-                                  preexec_fn=_die_with_parent)  # noqa: PLW1509
+        procs = [subprocess.Popen(dying_with_parent(command), pass_fds=[sock.fileno()], env=env)
                  for _ in range(workers)]
         sock.close()
         print(f"[openai] {workers} workers on {host}:{port} (pids {', '.join(str(p.pid) for p in procs)})",
@@ -104,12 +103,6 @@ def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
     # A worker stopped by the SIGTERM passed on exits by it: uvicorn raises the signal again once it has
     # shut down (or it came before uvicorn's handler), a clean stop like 0.
     return 1 if failed or any(proc.returncode not in (0, -signal.SIGTERM) for proc in procs) else 0
-
-
-def _die_with_parent() -> None:
-    """In a worker before exec: SIGTERM when the supervisor dies, even by SIGKILL."""
-    import ctypes
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":
