@@ -31,3 +31,15 @@ def wait_for_metric(url: str, name: str, model: str, wanted, timeout_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"{name}{{model={model}}} = {value} after {timeout_s} s")
         time.sleep(0.05)
+
+
+def pending_requests(url: str) -> dict[str, float]:
+    """Model -> requests Triton holds in its queues (nv_inference_pending_request_count), the nonzero
+    ones: where requests that never ended are stuck."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    pending: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{"):
+            model = line.split('model="', 1)[1].split('"', 1)[0]
+            pending[model] = pending.get(model, 0.0) + float(line.rsplit(" ", 1)[1])
+    return {model: count for model, count in pending.items() if count}

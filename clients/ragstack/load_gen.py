@@ -167,6 +167,8 @@ def summarize(outcomes: list[Outcome], wall_s: float) -> dict:
     return {"requests": len(outcomes), **{s: sum(o.status == s for o in outcomes)
                                           for s in (OK, ERROR, HUNG, LOST, DUPLICATE, CANCELLED)},
             "errors": dict(Counter(_error_kind(o.error) for o in outcomes if o.status == ERROR)),
+            # responses a hung request had before it stopped: 0 is stuck before its first token
+            "hung_after_responses": dict(Counter(o.responses for o in outcomes if o.status == HUNG)),
             "wall_s": wall_s, "per_s": len(ok) / wall_s if wall_s else float("nan"),
             "p50_ms": ms(latencies, 50), "p99_ms": ms(latencies, 99), "first_p99_ms": ms(firsts, 99)}
 

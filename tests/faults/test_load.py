@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ragstack import load_gen, process_tree
-from server_metrics import wait_for_metric
+from server_metrics import pending_requests, wait_for_metric
 
 pytestmark = pytest.mark.server
 MiB = 1 << 20
@@ -32,7 +32,7 @@ def test_1000_streams_and_200_rag_queries_all_end_and_memory_levels_off(triton_s
         result = asyncio.run(load_gen.mixed(triton_server.grpc_url, 1000, 200, 8, 4, rag_top_k=2))
     for kind, summary in result.items():
         # both fit: the llm queues 1024 and runs 256, rag_generate admits 256
-        assert summary["ok"] == summary["requests"], (kind, summary)
+        assert summary["ok"] == summary["requests"], (kind, summary, "pending", pending_requests(triton_server.metrics_url))
     wait_idle(triton_server)
     time.sleep(2)
     after = process_tree.tree_rss_bytes(pid)
