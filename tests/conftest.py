@@ -85,4 +85,4 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"  {key}: {count}")
         for model, count in sorted(bad_input.UNANSWERED.items()):
             terminalreporter.write_line(f"  {model}: {count} request(s) unanswered in {bad_input.REQUEST_TIMEOUT_S} s, "
-                                        "sent again (a request lost by the server)", red=True)
+                                        "sent again (the server never answered them)", red=True)

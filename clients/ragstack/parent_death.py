@@ -1,9 +1,9 @@
 """Children that get SIGTERM when their parent dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG), set
 without a preexec_fn. A preexec_fn makes subprocess fork() where it would vfork(), and fork() runs the
-parent's at-fork handlers in the child: gRPC's restart its event engine's poller there, which then
-aborts the child (`epoll_wait error: Bad file descriptor`, exit -6) when subprocess closes the
-inherited descriptors before exec. A test process with gRPC clients lost a gateway so at start-up.
-Instead the child runs this file, which sets the signal and execs the command: same pid, no fork."""
+parent's at-fork handlers in the child: gRPC's handlers restart its poller there, which then aborts the
+child (`epoll_wait error: Bad file descriptor`, exit -6) when subprocess closes the inherited
+descriptors before exec. Instead the child runs this file, which sets the signal and execs the
+command: same pid, no fork."""
 from __future__ import annotations
 
 import os

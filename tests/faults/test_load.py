@@ -32,7 +32,8 @@ def test_1000_streams_and_200_rag_queries_all_end_and_memory_levels_off(triton_s
         result = asyncio.run(load_gen.mixed(triton_server.grpc_url, 1000, 200, 8, 4, rag_top_k=2))
     for kind, summary in result.items():
         # both fit: the llm queues 1024 and runs 256, rag_generate admits 256
-        assert summary["ok"] == summary["requests"], (kind, summary, "pending", pending_requests(triton_server.metrics_url))
+        assert summary["ok"] == summary["requests"], (kind, summary, "pending",
+                                                      pending_requests(triton_server.metrics_url))
     wait_idle(triton_server)
     time.sleep(2)
     after = process_tree.tree_rss_bytes(pid)
