@@ -16,6 +16,10 @@
 # ran slower than bf16 KV): the engine on (c) with bf16 KV, FP8 KV, and FP8 KV with prefill chunks of at
 # least 1024 tokens dequantized to a bf16 scratch cache first (launch config dequantize_min_tokens), and the
 # prefill kernels alone (8k, 8k FP8, the 8k-of-16k chunk three ways), also within 8 minutes.
+# `bash benchmarks/gpu_fp8.sh sweep` runs instead (a)'s single-row study: the FP8 single-row chain's tiles swept
+# and each projection alone at one row, bf16 and FP8 (sweep.json); (a) with bf16, FP8 as configured and FP8
+# with the sweep's best tile; then the kernel targets (FP8 GEMM, prefill 8k, FP8 KV decode at 32k, the
+# 16k chunk) into kernels2.jsonl.
 # Each step has its own time limit within the 470 s budget; a step that fails or times out is
 # reported and the next runs. $OUT (the device tool's folder, which returns at most 8 files; else
 # /tmp/fp8_out) gets seven: steps.log (the GPU, each step's exit and time, the end of a failed step's
@@ -45,6 +49,25 @@ if [ "${1:-fp8}" = kv ]; then
         --record "$OUT/engine.jsonl"
     echo "===== kernels"; grep -E "^\| prefill|^limits" "$OUT/kernels.log" | cut -c1-190
     echo "===== engine"; grep -E "^\|" "$OUT/engine.log" | cut -c1-300
+    echo "===== steps"; cat "$OUT/steps.log"
+    echo "total $(($(date +%s) - START)) s"
+    exit 0
+fi
+if [ "${1:-fp8}" = sweep ]; then
+    step sweep "$OUT" 170 "$PY" -m benchmarks.bench_kernels --cases layer_single_row_fp8,projections_single_row \
+        --sweep --json "$OUT/sweep.json" --record "$OUT/kernels.jsonl"
+    # The sweep's fastest single-row FP8 tile, tried in the engine beside the configured one.
+    best=$("$PY" -c "import json, sys
+s = [s for s in json.load(open(sys.argv[1]))['sweeps'] if s['case'] == 'layer projections b=1 fused fp8' and 'best' in s]
+print(json.dumps({'quantization': 'fp8', 'launch_params': {'skinny_linear': s[0]['best']['params']}}) if s else '')
+" "$OUT/sweep.json" 2>>"$OUT/steps.log")
+    step engine "$OUT" 150 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a --no-hf \
+        --engine '{}' --engine '{"quantization": "fp8"}' ${best:+--engine "$best"} --record "$OUT/engine.jsonl"
+    step kernels "$OUT" 120 "$PY" -m benchmarks.bench_kernels \
+        --cases fp8_gemm,prefill_8k,prefill_8k_fp8,decode_32k,prefill_16k_chunk --record "$OUT/kernels2.jsonl"
+    echo "===== sweep"; grep -E "^\| (layer|projection)|sweep:|^Best|^ *layer" "$OUT/sweep.log" | cut -c1-230
+    echo "===== engine"; grep -E "^\||roofline" "$OUT/engine.log" | cut -c1-250
+    echo "===== kernels"; grep -E "^\| |^limits" "$OUT/kernels.log" | cut -c1-200
     echo "===== steps"; cat "$OUT/steps.log"
     echo "total $(($(date +%s) - START)) s"
     exit 0
