@@ -9,15 +9,15 @@
 #    concurrency 1, 16, 64, 256 (issue 24's targets, checked in its notes);
 # 3. bench_serving --api openai --openai-workers 4: the OpenAI frontend against Triton's gRPC on one server
 #    (issue 22's targets). SERVING_ONLY=1 leaves it out.
-# CONCURRENCY and NUM_REQUESTS (1,16,64,256 and 4,96,192,384) set the levels.
+# CONCURRENCY and NUM_REQUESTS (1,16,64,256 and 4,96,192,384) set the levels, ENGINE (JSON) the engine.
 # PROFILE=1 (PYSPY: the py-spy binary, else the venv's or PATH's; .carry has no room for its wheel, which can
 # ride in .carry-rag): during step 2's last level (the one after 64), py-spy records 8 s of the engine process
 # behind Triton and then 8 s of the in-process benchmark, every thread, idle included, as collapsed stacks
-# (`benchmarks.pyspy_summary` reads them).
+# (`benchmarks.pyspy_summary` reads them), with `top` over the same seconds.
 # Each step has its own time limit within the BUDGET_S (480) budget; a step that fails or times out is
 # reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
 # openai.jsonl (the records to append to benchmarks/results/serving.jsonl), and with PROFILE=1
-# engine_triton.txt and engine_in_process.txt. The tables and the steps are printed last.
+# engine_triton.txt and engine_in_process.txt, and top's view of the same seconds (top_*.txt). The tables and the steps are printed last.
 # /tmp/carry-venv stays for gpu_rag.sh's call on the same warm machine.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,14 +31,12 @@ START=$(date +%s)
 STEP_KILL_AFTER=20  # the server and its engine process need longer to stop
 source benchmarks/gpu_steps.sh  # step NAME LOG_DIR MAX_SECONDS command...
 
-command -v tritonserver >/dev/null || [ -x "${TRITONSERVER_DIR:-}/bin/tritonserver" ] \
-    || { echo "gpu_serving.sh: no tritonserver: source .carry/on-device.sh first" | tee -a "$OUT/steps.log"; exit 2; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv >>"$OUT/steps.log" 2>&1
 [ -f "$MODEL/config.json" ] || step make_model "$LOGS" 90 python3 -m benchmarks.make_random_model \
     --shape llama3-8b --out "$MODEL"
 
 LEVELS=(--concurrency "${CONCURRENCY:-1,16,64,256}" --num-requests "${NUM_REQUESTS:-4,96,192,384}"
-        --prompt-len 128,1024 --output-len 128,512)
+        --prompt-len 128,1024 --output-len 128,512 --engine "${ENGINE:-{\}}")
 
 # profile_after PATTERN PGREP_REGEX NAME: once serving.log has a line matching PATTERN (the row of the level
 # before the last), waits 3 s for the last level's streams to fill and records 8 s of the process pgrep finds.
@@ -50,6 +48,9 @@ profile_after() {
     done
     sleep 3
     pid=$(pgrep -nf "$regex") || { echo "[profile $name] no process matches $regex" >>"$OUT/steps.log"; return; }
+    # what every process takes of the cores meanwhile (the host's 16 cores serve the engine, Triton, the stubs
+    # and the benchmark's client processes)
+    top -b -n 2 -d 7 -w 250 -c >"$OUT/top_$name.txt" 2>&1 &
     "$PYSPY" record --duration 8 --rate 200 --idle --threads --nonblocking --format raw \
         --output "$OUT/$name.txt" --pid "$pid" >"$LOGS/profile_$name.log" 2>&1
     echo "[profile $name] py-spy exit $? (pid $pid)" >>"$OUT/steps.log"
@@ -58,21 +59,22 @@ profile_after() {
 if [ "${PROFILE:-0}" = 1 ]; then
     sp=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     PYSPY=${PYSPY:-$(ls "$sp/bin/py-spy" 2>/dev/null || command -v py-spy)}
+    IFS=, read -ra levels <<<"${CONCURRENCY:-1,16,64,256}"; before=${levels[-2]:-none}
     if [ -x "$PYSPY" ]; then
-        ( profile_after "'system': 'triton x8', 'concurrency': 64" "llm_engine.engine.engine_process" \
+        ( profile_after "'system': 'triton x${INSTANCES:-8}', 'concurrency': $before" "llm_engine.engine.engine_process" \
               engine_triton
-          profile_after "'system': 'in-process', 'concurrency': 64" "^python3 -m benchmarks.bench_serving" \
+          profile_after "'system': 'in-process', 'concurrency': $before" "^python3 -m benchmarks.bench_serving" \
               engine_in_process ) &
         PROFILER=$!
     else
         echo "PROFILE=1: no py-spy in $sp/bin or on PATH" | tee -a "$OUT/steps.log"
     fi
 fi
-step serving "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" "${LEVELS[@]}" --instances 8 \
+step serving "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" "${LEVELS[@]}" --instances "${INSTANCES:-8}" \
     --record "$OUT/serving.jsonl"
 [ -z "${PROFILER:-}" ] || { kill "$PROFILER" 2>/dev/null; wait "$PROFILER" 2>/dev/null; }
 [ "${SERVING_ONLY:-0}" = 1 ] || step openai "$OUT" 220 python3 -m benchmarks.bench_serving --model "$MODEL" \
-    "${LEVELS[@]}" --instances 8 --api openai --openai-workers 4 --record "$OUT/openai.jsonl"
+    "${LEVELS[@]}" --instances "${INSTANCES:-8}" --api openai --openai-workers 4 --record "$OUT/openai.jsonl"
 
 for name in serving openai; do
     echo "===== $name"; grep -E "^\||target|within|ratio" "$OUT/$name.log" 2>/dev/null | cut -c1-260
