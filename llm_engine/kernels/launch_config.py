@@ -1,8 +1,9 @@
 """Per-GPU launch parameters (block sizes, warps, stages, register caps, split heuristics) read from JSON data.
 
-`launch_configs/<family>.json` is used when <family> (the file stem) appears in the lower-cased
-CUDA device name, e.g. h200.json for "NVIDIA H200"; anything else, and CPU/interpreter runs,
-use default.json. Each kernel's section holds a "default" entry and optional overrides per dtype
+`launch_configs/<family>.json` is used when one of its "_devices" (<family>, the file stem, when
+absent) appears in the lower-cased CUDA device name: h200.json for "NVIDIA H200" and, since the same
+Hopper tiles measured faster there too, "NVIDIA H100 80GB HBM3"; anything else, and CPU/interpreter
+runs, use default.json. Each kernel's section holds a "default" entry and optional overrides per dtype
 or variant: "float32": {...} for tiles that would not fit in shared memory at 4 bytes an element,
 "float8_e4m3fn": {...} for FP8 KV, whose half-size tiles want longer loops in flight,
 "single_row": {...} for skinny_linear's one-row variant on the CUDA cores; and row buckets,
@@ -89,9 +90,16 @@ def interpreting() -> bool:
 def _device_family(device: torch.device) -> str:
     if device.type != "cuda" or interpreting():
         return "default"
-    name = torch.cuda.get_device_name(device).lower()
+    return family_for_name(torch.cuda.get_device_name(device))
+
+
+def family_for_name(device_name: str) -> str:
+    """The launch config for a CUDA device name: the first file (by stem) with one of its "_devices" in
+    the name, else "default"."""
+    name = device_name.lower()
     for path in sorted(CONFIG_DIR.glob("*.json")):
-        if path.stem != "default" and path.stem in name:
+        parts = _config_for(path.stem).get("_devices", [path.stem])
+        if path.stem != "default" and any(part in name for part in parts):
             return path.stem
     return "default"
 
