@@ -13,7 +13,8 @@
 # PROFILE=1 (PYSPY: the py-spy binary, else the venv's or PATH's; .carry has no room for its wheel, which can
 # ride in .carry-rag): during step 2's last level (the one after 64), py-spy records 8 s of the engine process
 # behind Triton and then 8 s of the in-process benchmark, every thread, idle included, as collapsed stacks
-# (`benchmarks.pyspy_summary` reads them), with `top` over the same seconds.
+# (`benchmarks.pyspy_summary` reads them), with `top` over the same seconds: every process, then the
+# profiled process's threads.
 # Each step has its own time limit within the BUDGET_S (480) budget; a step that fails or times out is
 # reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
 # openai.jsonl (the records to append to benchmarks/results/serving.jsonl), and with PROFILE=1
@@ -51,9 +52,15 @@ profile_after() {
     # what every process takes of the cores meanwhile (the host's 16 cores serve the engine, Triton, the stubs
     # and the benchmark's client processes)
     top -b -n 2 -d 7 -w 250 -c >"$OUT/top_$name.txt" 2>&1 &
+    local top_all=$!
+    # and the profiled process's threads, native ones included (py-spy sees only Python's)
+    top -H -b -n 2 -d 7 -w 250 -p "$pid" >"$LOGS/threads_$name.txt" 2>&1 &
+    local top_threads=$!
     "$PYSPY" record --duration 8 --rate 200 --idle --threads --nonblocking --format raw \
         --output "$OUT/$name.txt" --pid "$pid" >"$LOGS/profile_$name.log" 2>&1
     echo "[profile $name] py-spy exit $? (pid $pid)" >>"$OUT/steps.log"
+    wait "$top_all" "$top_threads"
+    cat "$LOGS/threads_$name.txt" >>"$OUT/top_$name.txt"
     tail -n 3 "$LOGS/profile_$name.log" | sed "s/^/[profile $name] /" >>"$OUT/steps.log"
 }
 if [ "${PROFILE:-0}" = 1 ]; then
