@@ -10,8 +10,9 @@
 # 3. bench_serving --api openai --openai-workers 4: the OpenAI frontend against Triton's gRPC on one server
 #    (issue 22's targets). SERVING_ONLY=1 leaves it out.
 # CONCURRENCY and NUM_REQUESTS (1,16,64,256 and 4,96,192,384) set the levels, ENGINE (JSON) the engine.
-# PROFILE=1 (PYSPY: the py-spy binary, else the venv's or PATH's; .carry has no room for its wheel, which can
-# ride in .carry-rag): during step 2's last level (the one after 64), py-spy records 8 s of the engine process
+# PROFILE=1 (PYSPY: the py-spy binary, else the venv's or PATH's; .carry with the frontend's wheels leaves no
+# room for py-spy's under the 64 MiB limit: a copy without the openai and jiter wheels, plus py-spy's, carried
+# instead, worked with SERVING_ONLY=1): during step 2's last level (the one after 64), py-spy records 8 s of the engine process
 # behind Triton and then 8 s of the in-process benchmark, every thread, idle included, as collapsed stacks
 # (`benchmarks.pyspy_summary` reads them), with `top` over the same seconds: every process, then the
 # profiled process's threads.
