@@ -22,14 +22,14 @@ either way.
 checkpoint the GPU benchmarks run on (about 30 s).
 One-command GPU scripts (a time limit per step, results in $OUT, a summary printed last): `gpu_fp8.sh` (FP8
 weights and KV), `gpu_serving.sh` (bench_serving through Triton and the OpenAI frontend; PROFILE=1 adds py-spy
-and top on the engine process), `gpu_rag.sh` (the RAG pipeline with the 8B llm: `bench_rag_gpu`). The RAG one needs two
-device calls, since .carry and its artifacts do not fit into one 64 MiB copy: build `.carry-rag/` here with
-`python -m benchmarks.pack_rag_gpu` (int8 ONNX models, the index, faiss; ~26 MiB), run
-`source .carry/on-device.sh` with `.carry` carried, then `RAGSTACK_COMMIT=<hash> bash benchmarks/gpu_rag.sh`
-with `.carry-rag` carried, on the same warm machine.
+and top on the engine process), `gpu_rag.sh` (the RAG pipeline with the 8B llm: `bench_rag_gpu`). The RAG one
+needs two device calls, since .carry and its artifacts do not fit into one 64 MiB copy: build `.carry-rag/`
+here with `python -m benchmarks.pack_rag_gpu` (int8 ONNX models, the index, faiss; ~26 MiB), run `source
+.carry/on-device.sh` with `.carry` carried, then `RAGSTACK_COMMIT=<hash> bash benchmarks/gpu_rag.sh` with
+`.carry-rag` carried, on the same warm machine.
 
-Tools that record nothing: `pyspy_summary` (py-spy's collapsed stacks per thread), `profile_engine` (a window of engine steps on the GPU: kernels by name, device
-busy against wall time, host time by phase), `kernel_report` (an attention kernel compiled for a GPU on
-this CPU, with that GPU's launch config: registers, spills, shared memory, each loop's instructions; run
-it before spending device time on a kernel change).
+Tools that record nothing: `pyspy_summary` (py-spy's collapsed stacks per thread), `profile_engine` (a window
+of engine steps on the GPU: kernels by name, device busy against wall time, host time by phase),
+`kernel_report` (an attention kernel compiled for a GPU on this CPU, with that GPU's launch config: registers,
+spills, shared memory, each loop's instructions; run it before spending device time on a kernel change).
 """
