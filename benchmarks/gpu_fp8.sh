@@ -57,7 +57,8 @@ if [ "${1:-fp8}" = sweep ]; then
     # each of the 27 tiles compiles for several seconds: an H100 had compiled fewer than 27 in 170 s
     step sweep "$OUT" 280 "$PY" -m benchmarks.bench_kernels --cases projections_single_row,layer_single_row_fp8 \
         --sweep --json "$OUT/sweep.json" --record "$OUT/kernels.jsonl"
-    # The sweep's fastest single-row FP8 tile, tried in the engine beside the configured one.
+    # The sweep's fastest single-row FP8 tile, tried in the engine beside the configured one (as an override of
+    # every skinny_linear launch: in (a) with FP8 weights those are the single-row FP8 projections).
     best=$("$PY" -c "import json, sys
 s = [s for s in json.load(open(sys.argv[1]))['sweeps'] if s['case'] == 'layer projections b=1 fused fp8' and 'best' in s]
 print(json.dumps({'quantization': 'fp8', 'launch_params': {'skinny_linear': s[0]['best']['params']}}) if s else '')

@@ -9,17 +9,17 @@
 #    concurrency 1, 16, 64, 256 (issue 24's targets, checked in its notes);
 # 3. bench_serving --api openai --openai-workers 4: the OpenAI frontend against Triton's gRPC on one server
 #    (issue 22's targets). SERVING_ONLY=1 leaves it out.
-# CONCURRENCY and NUM_REQUESTS (1,16,64,256 and 4,96,192,384) set the levels, ENGINE (JSON) the engine.
-# PROFILE=1 (PYSPY: the py-spy binary, else the venv's or PATH's; .carry with the frontend's wheels leaves no
-# room for py-spy's under the 64 MiB limit: a copy without the openai and jiter wheels, plus py-spy's, carried
-# instead, worked with SERVING_ONLY=1): during step 2's last level (the one after 64), py-spy records 8 s of the engine process
-# behind Triton and then 8 s of the in-process benchmark, every thread, idle included, as collapsed stacks
-# (`benchmarks.pyspy_summary` reads them), with `top` over the same seconds: every process, then the
-# profiled process's threads.
+# CONCURRENCY and NUM_REQUESTS (1,16,64,256 and 4,96,192,384) set the levels, ENGINE (JSON) the engine,
+# INSTANCES (8) the llm's instances.
+# PROFILE=1: during step 2's last level, py-spy records 8 s of the engine process behind Triton, then 8 s of
+# the in-process benchmark (every thread, idle included, as collapsed stacks: `benchmarks.pyspy_summary` reads
+# them), with `top` over the same seconds (every process, then the profiled process's threads). PYSPY names
+# the binary, else the venv's or PATH's. .carry with the frontend's wheels leaves no room for py-spy's under the
+# 64 MiB limit: a copy of it without the openai and jiter wheels, plus py-spy's, worked with SERVING_ONLY=1.
 # Each step has its own time limit within the BUDGET_S (480) budget; a step that fails or times out is
 # reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
-# openai.jsonl (the records to append to benchmarks/results/serving.jsonl), and with PROFILE=1
-# engine_triton.txt and engine_in_process.txt, and top's view of the same seconds (top_*.txt). The tables and the steps are printed last.
+# openai.jsonl (the records to append to benchmarks/results/serving.jsonl) and, with PROFILE=1,
+# engine_triton.txt, engine_in_process.txt and their top_*.txt. The tables and the steps are printed last.
 # /tmp/carry-venv stays for gpu_rag.sh's call on the same warm machine.
 set -u
 cd "$(dirname "$0")/.."
@@ -69,8 +69,8 @@ if [ "${PROFILE:-0}" = 1 ]; then
     PYSPY=${PYSPY:-$(ls "$sp/bin/py-spy" 2>/dev/null || command -v py-spy)}
     IFS=, read -ra levels <<<"${CONCURRENCY:-1,16,64,256}"; before=${levels[-2]:-none}
     if [ -x "$PYSPY" ]; then
-        ( profile_after "'system': 'triton x${INSTANCES:-8}', 'concurrency': $before" "llm_engine.engine.engine_process" \
-              engine_triton
+        ( profile_after "'system': 'triton x${INSTANCES:-8}', 'concurrency': $before" \
+              "llm_engine.engine.engine_process" engine_triton
           profile_after "'system': 'in-process', 'concurrency': $before" "^python3 -m benchmarks.bench_serving" \
               engine_in_process ) &
         PROFILER=$!
@@ -78,8 +78,8 @@ if [ "${PROFILE:-0}" = 1 ]; then
         echo "PROFILE=1: no py-spy in $sp/bin or on PATH" | tee -a "$OUT/steps.log"
     fi
 fi
-step serving "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" "${LEVELS[@]}" --instances "${INSTANCES:-8}" \
-    --record "$OUT/serving.jsonl"
+step serving "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" "${LEVELS[@]}" \
+    --instances "${INSTANCES:-8}" --record "$OUT/serving.jsonl"
 [ -z "${PROFILER:-}" ] || { kill "$PROFILER" 2>/dev/null; wait "$PROFILER" 2>/dev/null; }
 [ "${SERVING_ONLY:-0}" = 1 ] || step openai "$OUT" 220 python3 -m benchmarks.bench_serving --model "$MODEL" \
     "${LEVELS[@]}" --instances "${INSTANCES:-8}" --api openai --openai-workers 4 --record "$OUT/openai.jsonl"
