@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from llm_engine.config import EngineConfig
     from llm_engine.engine.async_engine import AsyncLLMEngine
-    from llm_engine.engine.engine_process import cpu_threads
+    from llm_engine.engine.engine_process import torch_threads
     from llm_engine.model.tokenizer import Tokenizer
 
     if args.api == "openai" and args.baseline:
@@ -445,9 +445,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def in_process():
         config = EngineConfig(model=args.model, **settings)
-        threads = cpu_threads(config)
-        if threads is not None:  # on the CPU, as many torch threads as the served engine process uses
-            torch.set_num_threads(threads)
+        torch.set_num_threads(torch_threads(config))  # as many as the served engine process uses
         engine = AsyncLLMEngine.from_config(config)
         try:
             await run_in_process(engine, requests[:2], 2)  # warm-up, as the server's load does

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+_SESSION_SERVER: list = []  # [the session's TritonServer, the LogWatch of its log] while it serves
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -22,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # at one thread per core, every worker's OpenMP team spans all cores, and its barriers stall whenever
 # another worker holds one: on 2 cores with 2 workers a tiny model's decode steps took 5 s that take
 # 0.08 s alone, and the fast tier ran 86 s instead of 60 (the engine process sizes its threads for the
-# same reason: llm_engine/engine/engine_process.py, cpu_threads). Read before torch is imported.
+# same reason: llm_engine/engine/engine_process.py, torch_threads). Read before torch is imported.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
@@ -37,12 +38,16 @@ def triton_server(tmp_path_factory):
     from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
     from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
+    from server_crash import LogWatch
+
     options = free_server_options(openai=True, model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY])
     server = TritonServer(options, work_dir=tmp_path_factory.mktemp("triton"))
     server.start()
+    _SESSION_SERVER[:] = [server, LogWatch(server.log_path)]
     try:
         yield server
     finally:
+        _SESSION_SERVER.clear()
         server.stop()
 
 
@@ -73,6 +78,19 @@ def pytest_runtest_makereport(item, call):
                 code = value.process.poll()
                 title = "tritonserver still running" if code is None else f"tritonserver exited with code {code}"
                 report.sections.append((f"{title}: its last log lines", value.tail_log(40)))
+    if call.when == "call" and _SESSION_SERVER:
+        _replace_aborted_session_server(report)
+
+
+def _replace_aborted_session_server(report) -> None:
+    """A fatal signal in the session server's log since the last test: this test fails with the aborting
+    threads' stacks, and a fresh server serves the rest (tests/server_crash.py says why)."""
+    from server_crash import replace_if_aborted
+
+    failure = replace_if_aborted(*_SESSION_SERVER)
+    if failure is not None:
+        report.outcome = "failed"
+        report.longrepr = f"during this test, the session's {failure}"
 
 
 def pytest_terminal_summary(terminalreporter):
