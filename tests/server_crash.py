@@ -1,0 +1,82 @@
+"""A test server that received a fatal signal: found in its log, and the stacks of the aborting threads.
+
+Triton 2.51 aborts now and then on glibc's heap check (`malloc_consolidate(): unaligned fastbin chunk
+detected`, `double free or corruption`: server issues 7517 and 8841 report the same under load), and
+its signal handler then hangs while it prints a backtrace: the process lives on and answers nothing, so
+every later test against it fails by timeout. The session fixture (conftest.py) checks the log after each
+test: the test that saw the abort fails with the aborting threads' stacks (gdb, attached to the hung
+process and its stubs: where the corruption was found), and a fresh server serves the tests after it.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+FATAL_SIGNAL = re.compile(rb"^Signal \((\d+)\) received\.", re.MULTILINE)
+# frames of a thread that is aborting or in Triton's signal handler
+ABORTING_FRAME = re.compile(r"\b(abort|raise|__libc_message|malloc_printerr|ErrorSignalHandler|__pthread_kill\w*)\b")
+GDB_TIMEOUT_S = 60
+
+
+class LogWatch:
+    """The fatal-signal lines a log gains after the point read last."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.offset = 0
+
+    def new_fatal_lines(self) -> list[str]:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.offset)
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        # a line cut at the end is read again next time
+        end = text.rfind(b"\n") + 1
+        self.offset += end
+        return [m.group(0).decode() for m in FATAL_SIGNAL.finditer(text[:end])]
+
+
+def aborting_stacks(pid: int, dump: Path) -> str:
+    """The stacks of the threads that abort, in the process and its children (the Python stubs); every
+    thread's stack goes to `dump`."""
+    if shutil.which("gdb") is None:
+        return "(gdb is not installed: no stacks)"
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    found, everything = [], []
+    for target in [str(pid), *children]:
+        try:
+            out = subprocess.run(["gdb", "-p", target, "-batch", "-nx", "-ex", "set pagination off",
+                                  "-ex", "thread apply all bt 40"], capture_output=True, text=True,
+                                 timeout=GDB_TIMEOUT_S).stdout
+        except subprocess.TimeoutExpired:
+            out = f"(gdb timed out after {GDB_TIMEOUT_S} s)"
+        everything.append(f"===== pid {target}\n{out}")
+        found += [f"pid {target}: {thread}" for thread in aborting_threads(out)]
+    dump.write_text("\n".join(everything))
+    return "\n\n".join(found) or f"(no aborting thread found; every stack: {dump})"
+
+
+def aborting_threads(gdb_output: str) -> list[str]:
+    """The threads of `thread apply all bt` whose stack aborts or handles a signal."""
+    threads = re.split(r"\n(?=Thread \d+ )", "\n" + gdb_output)
+    return [t.strip() for t in threads if t.startswith("Thread ") and ABORTING_FRAME.search(t)]
+
+
+def replace_if_aborted(server, watch: LogWatch) -> str | None:
+    """None while the log shows no new fatal signal; else what happened and the aborting threads' stacks,
+    once the aborted server is stopped and a fresh one (same ports) is ready."""
+    lines = watch.new_fatal_lines()
+    if not lines or server.process is None:
+        return None
+    pid = server.process.pid
+    dump = server.work_dir / f"stacks-{pid}.txt"
+    stacks = aborting_stacks(pid, dump)
+    failure = (f"tritonserver (pid {pid}) logged {lines}; a fresh server replaces it. Its last log lines:\n"
+               f"{server.tail_log(40)}\n\nThe aborting threads (gdb; every thread's stack in {dump}):\n{stacks}")
+    server.stop()
+    server.start()
+    return failure
