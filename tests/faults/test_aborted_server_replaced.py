@@ -2,10 +2,6 @@
 a fatal signal in the log is found, the stacks are taken, and a fresh server on the same ports serves."""
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
 
 from ragstack.launcher import TritonServer
@@ -21,13 +17,11 @@ def test_an_aborted_server_is_reported_and_replaced(tmp_path):
         watch = LogWatch(server.log_path)
         assert replace_if_aborted(server, watch) is None
         aborted = server.process.pid
-        os.kill(aborted, signal.SIGABRT)  # Triton's handler logs "Signal (6) received."
-        deadline = time.monotonic() + 30
-        while b"Signal (6) received." not in server.log_path.read_bytes():
-            assert time.monotonic() < deadline, server.tail_log(40)
-            time.sleep(0.2)
+        with open(server.log_path, "ab") as log:  # as Triton's handler logs it, then hangs (a live process)
+            log.write(b"double free or corruption (fasttop)\nSignal (6) received.\n")
         failure = replace_if_aborted(server, watch)
         assert failure is not None and f"pid {aborted}" in failure and "Signal (6) received." in failure
         assert server.process.pid != aborted and server.is_ready()
-        assert replace_if_aborted(server, watch) is None  # the line is reported once
+        # the line is reported once, and the stop's own "Signal (2) received." is no abort
+        assert replace_if_aborted(server, watch) is None
 

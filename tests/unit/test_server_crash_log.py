@@ -10,7 +10,7 @@ def test_fatal_lines_are_reported_once_and_a_cut_line_is_read_again(tmp_path):
     log.write_bytes(b"I1205 model ready\nSignal (6) rec")
     assert watch.new_fatal_lines() == []
     with open(log, "ab") as f:
-        f.write(b"eived.\n 0# 0x000 in tritonserver\nSignal (11) received.\n")
+        f.write(b"eived.\n 0# 0x000 in tritonserver\nSignal (2) received.\nSignal (11) received.\n")
     assert watch.new_fatal_lines() == ["Signal (6) received.", "Signal (11) received."]
     assert watch.new_fatal_lines() == []
 
