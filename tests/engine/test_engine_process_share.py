@@ -150,7 +150,9 @@ def test_a_note_reaches_the_engines_other_clients_not_its_sender(three):
     first.send_note(("abort-key", "k1"))
     third.send_note({"any": "picklable"})
     assert wait_until(lambda: len(NOTES[1]) == 2 and len(NOTES[0]) == 1 and len(NOTES[2]) == 1, 5)
-    assert NOTES == [[{"any": "picklable"}], [("abort-key", "k1"), {"any": "picklable"}], [("abort-key", "k1")]]
+    assert NOTES[0] == [{"any": "picklable"}] and NOTES[2] == [("abort-key", "k1")]
+    # the two senders' inbox threads relay independently: either may reach the middle client first
+    assert sorted(map(repr, NOTES[1])) == sorted(map(repr, [("abort-key", "k1"), {"any": "picklable"}]))
 
 
 FRONT_END = """
