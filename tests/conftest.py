@@ -36,9 +36,8 @@ def triton_server(tmp_path_factory):
     """The project's repositories plus the test fixtures' repository; every model loaded at start; the
     OpenAI frontend beside it (`openai_url`)."""
     from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
-    from server_helpers import FIXTURE_REPOSITORY, free_server_options
-
     from server_crash import LogWatch
+    from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
     options = free_server_options(openai=True, model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY])
     server = TritonServer(options, work_dir=tmp_path_factory.mktemp("triton"))
@@ -70,7 +69,9 @@ def repository(tmp_path) -> Path:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test shows its server's last log lines, whether the server exited or still runs (a
-    request that timed out): CI keeps no log files."""
+    request that timed out): CI keeps no log files. After each test, a fatal signal in the session server's
+    log since the last one fails that test with the aborting threads' stacks, and a fresh server serves the
+    rest (tests/server_crash.py says why)."""
     report = (yield).get_result()
     if report.failed:
         for value in getattr(item, "funcargs", {}).values():
@@ -79,18 +80,12 @@ def pytest_runtest_makereport(item, call):
                 title = "tritonserver still running" if code is None else f"tritonserver exited with code {code}"
                 report.sections.append((f"{title}: its last log lines", value.tail_log(40)))
     if call.when == "call" and _SESSION_SERVER:
-        _replace_aborted_session_server(report)
+        from server_crash import replace_if_aborted
 
-
-def _replace_aborted_session_server(report) -> None:
-    """A fatal signal in the session server's log since the last test: this test fails with the aborting
-    threads' stacks, and a fresh server serves the rest (tests/server_crash.py says why)."""
-    from server_crash import replace_if_aborted
-
-    failure = replace_if_aborted(*_SESSION_SERVER)
-    if failure is not None:
-        report.outcome = "failed"
-        report.longrepr = f"during this test, the session's {failure}"
+        failure = replace_if_aborted(*_SESSION_SERVER)
+        if failure is not None:
+            report.outcome = "failed"
+            report.longrepr = f"during this test, the session's {failure}"
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -17,7 +17,8 @@ from pathlib import Path
 # SIGINT (2) and SIGTERM (15) are stops, which the server logs the same way
 FATAL_SIGNAL = re.compile(rb"^Signal \((?!2\)|15\))\d+\) received\.", re.MULTILINE)
 # frames of a thread that is aborting or in Triton's signal handler
-ABORTING_FRAME = re.compile(r"\b(abort|raise|__libc_message|malloc_printerr|ErrorSignalHandler|__pthread_kill\w*)\b")
+ABORTING_FRAME = re.compile(
+    r"\b(abort|raise|__libc_message|malloc_printerr|ErrorSignalHandler|__pthread_kill\w*)\b")
 GDB_TIMEOUT_S = 60
 
 
@@ -79,6 +80,6 @@ def replace_if_aborted(server, watch: LogWatch) -> str | None:
     failure = (f"tritonserver (pid {pid}) logged {lines}; a fresh server replaces it. Its last log lines:\n"
                f"{server.tail_log(40)}\n\nThe aborting threads (gdb; every thread's stack in {dump}):\n{stacks}")
     server.stop()
-    watch.offset = server.log_path.stat().st_size  # the aborted server's last lines are read
+    watch.offset = server.log_path.stat().st_size  # the aborted server's last lines are skipped
     server.start()
     return failure

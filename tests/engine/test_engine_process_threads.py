@@ -8,7 +8,10 @@ from llm_engine.engine.engine_process import torch_threads
 
 
 def test_one_thread_on_a_gpu_and_the_cores_less_one_per_rank_on_the_cpu():
+    def config(device, ranks):
+        return SimpleNamespace(torch_device=torch.device(device), tensor_parallel_size=ranks)
+
     cores = len(os.sched_getaffinity(0))
-    assert torch_threads(SimpleNamespace(torch_device=torch.device("cuda", 0), tensor_parallel_size=2)) == 1
-    assert torch_threads(SimpleNamespace(torch_device=torch.device("cpu"), tensor_parallel_size=1)) == max(1, cores - 1)
-    assert torch_threads(SimpleNamespace(torch_device=torch.device("cpu"), tensor_parallel_size=cores)) == 1
+    assert torch_threads(config("cuda:0", 2)) == 1
+    assert torch_threads(config("cpu", 1)) == max(1, cores - 1)
+    assert torch_threads(config("cpu", cores)) == 1

@@ -24,4 +24,3 @@ def test_an_aborted_server_is_reported_and_replaced(tmp_path):
         assert server.process.pid != aborted and server.is_ready()
         # the line is reported once, and the stop's own "Signal (2) received." is no abort
         assert replace_if_aborted(server, watch) is None
-
