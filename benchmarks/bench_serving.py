@@ -16,8 +16,12 @@ against issue 24's targets (tok/s >= 98% of in-process; TTFT and ITL p50/p99 wit
 The script writes a temporary model repository whose `llm` runs --model with the given engine
 settings, starts the server with the launcher, sends N requests at each concurrency, stops it;
 with --baseline hf it does the same for a repository holding only the baseline (the GPU is the
-baseline's alone); then it replays the same requests in-process. Rows: output tok/s, TTFT and
-inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole request).
+baseline's alone); then it replays the same requests in-process. No engine sees a prompt twice: each
+level has prompts of its own, the warm-ups others, and the frontend's differ from gRPC's on their shared
+server (same lengths), since the prefix cache would serve a repeat (serving_requests.py). Rows: output
+tok/s, TTFT and inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole
+request), the engine's share of its TTFT, and the prompt tokens it prefilled (100% unless its cache
+served some, or preempted sequences were recomputed) with its preemptions.
 
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64,256 --api openai \
@@ -30,7 +34,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import shutil
 import string
 import sys
@@ -43,6 +46,7 @@ import numpy as np
 
 from benchmarks import record
 from benchmarks.provenance import machine
+from benchmarks.serving_requests import RequestSets
 from benchmarks.table import markdown, rounded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,26 +59,22 @@ TARGET_TOK_S_SHARE = 0.98
 TARGET_LATENCY_RATIO, TARGET_LATENCY_SLACK_MS = 1.15, 2.0
 
 
+# The llm's engine counters per level: prefill tokens computed (cache hits not), prompt tokens of finished
+# requests, preemptions. The engine-wide ones are refreshed every metrics_interval_s (0.25 s).
+ENGINE_COUNTERS = ("vllm:prompt_tokens_total", "triton_llm_prompt_tokens_total", "triton_llm_preemptions_total")
+METRICS_REFRESH_S = 0.6
+
+
 @dataclass
 class Result:
     ttft: float
     gaps: list[float]
     tokens: int
+    prompt_tokens: int = 0  # in-process only (the served engine's count is in its metrics)
 
 
 def percentile_ms(values, q):
     return float(np.percentile(values, q) * 1e3) if values else float("nan")
-
-
-def make_requests(tokenizer, n: int, prompt_range, output_range, seed=0):
-    """Prompts decoded from random ids; their token counts are reported by the server."""
-    rng = random.Random(seed)
-    vocab = tokenizer.vocab_size
-    out = []
-    for _ in range(n):
-        ids = [rng.randrange(10, vocab - 10) for _ in range(rng.randint(*prompt_range))]
-        out.append((tokenizer.decode(ids), rng.randint(*output_range)))
-    return out
 
 
 async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
@@ -204,7 +204,7 @@ async def run_in_process(engine, requests, concurrency: int) -> tuple[list[Resul
                 if out.delta_text or out.finished:  # the server sends a response exactly then
                     times.append(time.perf_counter())
                 tokens = len(out.token_ids)
-            return Result(times[0] - start, list(np.diff(times)), tokens)
+            return Result(times[0] - start, list(np.diff(times)), tokens, len(out.prompt_token_ids))
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(requests)))
@@ -212,19 +212,23 @@ async def run_in_process(engine, requests, concurrency: int) -> tuple[list[Resul
 
 
 def summarize(system: str, concurrency: int, results: list[Result], elapsed: float,
-              server: dict | None = None) -> dict:
+              server: dict | None = None, engine: tuple[float, float, float] | None = None) -> dict:
     """`server`: the llm's per-call means from the server's metrics over the run (rag_bench.breakdown), so
     that a served TTFT can be split into Triton's queue, the engine's own TTFT (from the stub's intake to the
-    first token) and the rest (gRPC in, execute, the first response's way out, the client)."""
+    first token) and the rest (gRPC in, execute, the first response's way out, the client). `engine`: the
+    engine's (prefill tokens computed, prompt tokens, preemptions) over the run: a prefix-cache hit or a
+    recomputed prompt would show in their ratio."""
     tokens = sum(r.tokens for r in results)
     ttft = [r.ttft for r in results]
     gaps = [g for r in results for g in r.gaps]
     server = server or {}
+    prefilled, prompt, preemptions = engine or (None, None, None)
     return {"system": system, "concurrency": concurrency, "requests": len(results), "output_tokens": tokens,
             "seconds": elapsed, "tok_s": tokens / elapsed, "ttft_p50_ms": percentile_ms(ttft, 50),
             "ttft_p99_ms": percentile_ms(ttft, 99), "itl_p50_ms": percentile_ms(gaps, 50),
             "itl_p99_ms": percentile_ms(gaps, 99), "ttft_mean_ms": float(np.mean(ttft) * 1e3) if ttft else float("nan"),
-            "server_queue_ms": server.get("queue_ms"), "engine_ttft_ms": server.get("ttft_ms")}
+            "server_queue_ms": server.get("queue_ms"), "engine_ttft_ms": server.get("ttft_ms"),
+            "prefilled_share": prefilled / prompt if prompt else None, "preemptions": preemptions}
 
 
 def table_row(r: dict) -> dict:
@@ -235,7 +239,10 @@ def table_row(r: dict) -> dict:
             "TTFT mean ms": rounded(r.get("ttft_mean_ms"), 1),
             "of it: Triton queue / engine TTFT ms (server means)": (
                 f"{r['server_queue_ms']:.1f} / {r['engine_ttft_ms']:.1f}"
-                if r.get("server_queue_ms") is not None and r.get("engine_ttft_ms") is not None else None)}
+                if r.get("server_queue_ms") is not None and r.get("engine_ttft_ms") is not None else None),
+            "prefilled % of prompt tokens / preemptions": (
+                f"{100 * r['prefilled_share']:.0f} / {r['preemptions']:.0f}"
+                if r.get("prefilled_share") is not None else None)}
 
 
 def triton_system(instances: int) -> str:
@@ -266,14 +273,14 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
     shutil.copy(HF_BASELINE / "model.py", folder / "1" / "model.py")
 
 
-def serve(write, model: str, system: str, requests, levels: list[int], counts: list[int],
-          batched: bool = False, openai: bool = False, openai_system: str = OPENAI_SYSTEM, openai_workers: int = 1,
-          client_processes: int = 1) -> list[dict]:
+def serve(write, model: str, system: str, levels: list[int], level_requests: list[list],
+          batched: bool = False, openai: tuple[list, list[list]] | None = None, openai_system: str = OPENAI_SYSTEM,
+          openai_workers: int = 1, client_processes: int = 1) -> list[dict]:
     """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
-    count of the requests (the first ones), then stop. `openai`: the server's OpenAI frontend too (with
-    `openai_workers` processes), each concurrency's requests through it right after they went to gRPC
-    directly. Every system's requests are sent from `client_processes` processes (spread), so that one
-    client's event loop is not what is measured."""
+    level's requests, then stop. `openai` (the warm-up's requests and each level's): the server's OpenAI
+    frontend too (with `openai_workers` processes), each concurrency's requests through it right after
+    gRPC's (requests of their own, serving_requests.py). Every system's requests are sent from
+    `client_processes` processes (spread), so that one client's event loop is not what is measured."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -286,37 +293,42 @@ def serve(write, model: str, system: str, requests, levels: list[int], counts: l
         write(Path(tmp))
         options = ServerOptions(model_repositories=[Path(tmp)], models=[model], http_port=free_port(),
                                 grpc_port=free_port(), metrics_port=free_port(), startup_timeout_s=900,
-                                openai_port=free_port() if openai else 0,
+                                openai_port=free_port() if openai is not None else 0,
                                 openai=FrontendLimits(workers=openai_workers))
         pool = None
-        if openai or client_processes > 1:
+        if openai is not None or client_processes > 1:
             pool = stack.enter_context(ProcessPoolExecutor(client_processes,
                                                            mp_context=multiprocessing.get_context("spawn")))
             list(pool.map(_warm_client_process, range(client_processes)))
         load_start = time.perf_counter()
         with TritonServer(options) as server:
             print(f"{system}: server ready in {time.perf_counter() - load_start:.1f} s", flush=True)
-            if openai:   # its first requests read the model's config and open each worker's channel to Triton
-                spread(pool, client_processes, "openai", server.openai_url, requests[:2 * openai_workers],
-                       2 * openai_workers, model)
+            if openai is not None:  # its first requests read the model's config and open each worker's channel
+                spread(pool, client_processes, "openai", server.openai_url, openai[0], len(openai[0]), model)
 
             def measured(name: str, c: int, run) -> None:
+                time.sleep(METRICS_REFRESH_S)  # the engine's counters have caught up with what ran before
                 before = rag_bench.scrape(server.metrics_url)
+                counts_before = rag_bench.scrape(server.metrics_url, ENGINE_COUNTERS)
                 results, elapsed = run()
                 steps = rag_bench.breakdown(before, rag_bench.scrape(server.metrics_url))
-                rows.append(summarize(name, c, results, elapsed, steps.get(model)))
+                time.sleep(METRICS_REFRESH_S)
+                counts = rag_bench.scrape(server.metrics_url, ENGINE_COUNTERS)
+                engine = [counts.get((counter, model), 0.0) - counts_before.get((counter, model), 0.0)
+                          for counter in ENGINE_COUNTERS]
+                rows.append(summarize(name, c, results, elapsed, steps.get(model), engine))
                 print(rows[-1], flush=True)
 
-            for c, n in zip(levels, counts):
+            for i, (c, requests) in enumerate(zip(levels, level_requests)):
                 if pool is not None:
-                    measured(system, c, lambda: spread(pool, client_processes, "triton", server.grpc_url, requests[:n],
+                    measured(system, c, lambda: spread(pool, client_processes, "triton", server.grpc_url, requests,
                                                        c, model, batched))
                 else:
-                    measured(system, c, lambda: asyncio.run(run_triton(server.grpc_url, requests[:n], c, model,
+                    measured(system, c, lambda: asyncio.run(run_triton(server.grpc_url, requests, c, model,
                                                                        batched)))
-                if openai:
+                if openai is not None:
                     measured(openai_system, c, lambda: spread(pool, client_processes, "openai", server.openai_url,
-                                                              requests[:n], c, model))
+                                                              openai[1][i], c, model))
     return rows
 
 
@@ -422,8 +434,13 @@ def main(argv: list[str] | None = None) -> int:
     baseline_counts = (counts if args.baseline_requests is None
                        else per_level(parser, "--baseline-requests", args.baseline_requests, levels))
     tokenizer = Tokenizer(args.model)
-    requests = make_requests(tokenizer, max(counts), [int(x) for x in args.prompt_len.split(",")],
-                             [int(x) for x in args.output_len.split(",")])
+    sets = RequestSets(tokenizer, tuple(int(x) for x in args.prompt_len.split(",")),
+                       tuple(int(x) for x in args.output_len.split(",")))
+    level_requests = [sets.level(i, n) for i, n in enumerate(counts)]
+    # The frontend shares a server (an engine) with gRPC: requests of its own, the same lengths.
+    openai = ((sets.warm_up(2 * args.openai_workers, variant=1), [sets.level(i, n, variant=1)
+                                                                  for i, n in enumerate(counts)])
+              if args.api == "openai" else None)
     served = {**settings, **json.loads(args.backend)}
     try:
         instance_counts = [int(k) for k in args.instances.split(",")]
@@ -434,13 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for k in instance_counts:
         rows += serve(lambda dest, k=k: write_repository(dest, args.model, served, k), "llm", triton_system(k),
-                      requests, levels, counts, openai=args.api == "openai",
+                      levels, level_requests, openai=openai,
                       openai_system=triton_system(k).replace("triton", OPENAI_SYSTEM, 1),
                       openai_workers=args.openai_workers, client_processes=args.client_processes)
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
-                      HF_SYSTEM, requests, levels, [min(n, m) for n, m in zip(baseline_counts, counts)],
+                      HF_SYSTEM, levels, [r[:m] for r, m in zip(level_requests, baseline_counts)],
                       batched=True)
 
     async def in_process():
@@ -448,9 +465,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(torch_threads(config))  # as many as the served engine process uses
         engine = AsyncLLMEngine.from_config(config)
         try:
-            await run_in_process(engine, requests[:2], 2)  # warm-up, as the server's load does
-            for c, n in zip(levels, counts):
-                rows.append(summarize("in-process", c, *await run_in_process(engine, requests[:n], c)))
+            await run_in_process(engine, sets.warm_up(2), 2)  # warm-up, as the server's load does
+            for c, requests in zip(levels, level_requests):
+                before = engine.get_stats()
+                results, elapsed = await run_in_process(engine, requests, c)
+                after = engine.get_stats()
+                counts = (after.num_prompt_tokens - before.num_prompt_tokens,
+                          sum(r.prompt_tokens for r in results), after.num_preemptions - before.num_preemptions)
+                rows.append(summarize("in-process", c, results, elapsed, engine=counts))
                 print(rows[-1], flush=True)
         finally:
             engine.shutdown(timeout=0)

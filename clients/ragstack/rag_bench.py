@@ -36,13 +36,13 @@ COUNTERS = ["nv_inference_request_success", "nv_inference_request_duration_us", 
 DEFAULT_METRICS_URL = "http://127.0.0.1:8002/metrics"
 
 
-def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
-    """{(counter, model): value} for COUNTERS, summed over versions."""
+def scrape(metrics_url: str, names=COUNTERS) -> dict[tuple[str, str], float]:
+    """{(counter, model): value} for the `names`, summed over versions (and other labels)."""
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     values: dict[tuple[str, str], float] = {}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
-        if name in COUNTERS and 'model="' in rest:
+        if name in names and 'model="' in rest:
             model = rest.split('model="', 1)[1].split('"', 1)[0]
             values[(name, model)] = values.get((name, model), 0.0) + float(line.rsplit(" ", 1)[1])
     return values
