@@ -7,7 +7,7 @@ a micro-benchmark of the per-chunk path alone (issue #22), not a serving benchma
   with max_tokens pre-serialized responses of one 4-character token, one every --interval s, as an
   engine step would), read by a lean aiohttp client; it reports the frontend's CPU seconds
   (/proc/PID/stat, its workers included) per chunk received, chunks/s, TTFT and ITL.
-- `client`: the `openai` SDK's AsyncOpenAI (as bench_serving.py streams) and the lean client reading a
+- `client`: the `openai` SDK's AsyncOpenAI (as applications stream) and the lean client reading a
   canned SSE stream (`--canned`: the frontend's chunks, written as fast as they are read): the client's
   own CPU per chunk, and the most chunks/s one client process reads.
 

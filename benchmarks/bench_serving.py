@@ -1,13 +1,14 @@
 """Serving benchmark: the same requests through the real Triton server (gRPC streaming, the llm
 model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, through the same
 server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
-by side in one run. With --api openai: through the OpenAI frontend (streamed completions with the
-official `openai` client; --openai-workers N frontend processes) and to Triton's gRPC directly, on the
-same server, at each concurrency. Every served system's streams are shared out among --client-processes
-client processes (4), since one client process is itself a limit (the in-process run has no client): the
-openai SDK spends about as much CPU on a streamed chunk as the frontend does (bench_openai_frontend.py), the
-gRPC client a little less, and one event loop parsing thousands of responses a second delays them, in
-bursts, and delays the next requests' first tokens (issue 24's 64 and 256 streams are 9-20k a second).
+by side in one run. With --api openai: through the OpenAI frontend (streamed completions; --openai-workers
+N frontend processes) and to Triton's gRPC directly, on the same server, at each concurrency. The
+frontend's events are read by a lean client (sse_client.py), as vLLM's serving benchmark reads them: the
+official openai SDK spends ~1 ms of CPU on a request and ~0.1 ms on a chunk (bench_openai_frontend.py
+--what client), which would be timed as the frontend's. Every served system's streams are shared out among
+--client-processes client processes (4), since one client process is itself a limit (the in-process run has
+no client): one event loop parsing thousands of responses a second delays them, in bursts, and delays the
+next requests' first tokens (issue 24's 64 and 256 streams are 9-20k a second).
 With --instances 1,4,8: the llm served with each count of instances (stubs sending responses, in front
 of one engine process: docs/llm_model.md, "Response instances"), one server after the other, each
 system named `triton xK` (`triton` for one), all against the same in-process run, and each checked
@@ -39,6 +40,7 @@ import string
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ import numpy as np
 from benchmarks import record
 from benchmarks.provenance import machine
 from benchmarks.serving_requests import RequestSets
+from benchmarks.sse_client import SSEConnection
 from benchmarks.table import markdown, rounded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,33 +131,41 @@ async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
 async def run_openai(base_url: str, requests, concurrency: int, model: str = "llm",
                      started: list | None = None) -> tuple[list[Result], float]:
     """The requests run_triton sends, as streamed completions through the OpenAI frontend: the same prompt
-    and sampling (the frontend adds the token counts it reports to the llm's inputs)."""
-    from openai import AsyncOpenAI
+    and sampling (the frontend adds the token counts it reports to the llm's inputs), read by the lean SSE
+    client (sse_client.py; the openai SDK's own CPU per request would be timed too) on `concurrency` kept-alive
+    connections, each sending its share of the requests one after the other."""
+    address = urllib.parse.urlsplit(base_url)
+    jobs = iter(enumerate(requests))
+    results: list[Result | None] = [None] * len(requests)
 
-    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=3600)
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(prompt: str, max_tokens: int) -> Result:
-        async with sem:
-            start = time.perf_counter()
-            times, tokens = [], 0
-            stream = await client.completions.create(
-                model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            async for chunk in stream:
-                if chunk.choices:   # a chunk per llm response, as run_triton counts them
-                    times.append(time.perf_counter())
-                if chunk.usage:
-                    tokens = chunk.usage.completion_tokens
-            return Result(times[0] - start, list(np.diff(times)), tokens)
+    async def stream_slot() -> None:
+        connection = SSEConnection(address.hostname, address.port)
+        try:
+            for i, (prompt, max_tokens) in jobs:
+                body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                                   "stream": True, "stream_options": {"include_usage": True},
+                                   "ignore_eos": True}).encode()
+                start = time.perf_counter()
+                times, tokens = [], 0
+                async for data in connection.events("/v1/completions", body):
+                    if data == b"[DONE]":
+                        continue
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise RuntimeError(f"request {i}: {chunk['error']}")
+                    if chunk.get("choices"):   # a chunk per llm response, as run_triton counts them
+                        times.append(time.perf_counter())
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+                results[i] = Result(times[0] - start, list(np.diff(times)), tokens)
+        finally:
+            await connection.close()
 
     t0 = time.perf_counter()
     if started is not None:
         started.append(t0)
-    results = await asyncio.gather(*(one(p, o) for p, o in requests))
-    elapsed = time.perf_counter() - t0
-    await client.close()
-    return results, elapsed
+    await asyncio.gather(*(stream_slot() for _ in range(min(concurrency, len(requests)))))
+    return results, time.perf_counter() - t0
 
 
 def _client_process(api: str, url: str, requests, concurrency: int, model: str, batched: bool):
@@ -170,10 +181,6 @@ def _client_process(api: str, url: str, requests, concurrency: int, model: str, 
 
 def _warm_client_process(_: int) -> None:
     import tritonclient.grpc.aio  # noqa: F401  (imported once per process, before any run is timed)
-    try:
-        import openai  # noqa: F401  (--api openai only: the test extra)
-    except ImportError:
-        pass
     time.sleep(0.5)   # so that each of the pool's processes takes one
 
 
@@ -403,8 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --api openai: the frontend's worker processes (ragstack serve --openai-workers)")
     parser.add_argument("--client-processes", type=int, default=4,
                         help="client processes sending each served system's requests, the streams shared out among "
-                             "them, so that one client's event loop (the gRPC client's or the openai SDK's, parsing "
-                             "each response) is not what is measured (default 4; the in-process run has no client)")
+                             "them, so that one client's event loop (parsing each response) is not what is measured "
+                             "(default 4; the in-process run has no client)")
     parser.add_argument("--instances", default="1",
                         help="the llm's instance counts to serve, one server each, e.g. 1,4,8 (default: 1)")
     parser.add_argument("--baseline-batch-size", type=int,

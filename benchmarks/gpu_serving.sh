@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issues 24 and 22 on one H200, in one command of under 9 minutes, from the repository root, with .carry
-# carried (`bash ../shared/device/pack.sh` plus the frontend's and the benchmark's wheels, benchmarks/__init__.py):
+# carried (`bash ../shared/device/pack.sh` plus the wheels of the OpenAI frontend and of py-spy; the benchmark
+# reads the frontend without the openai SDK; benchmarks/__init__.py):
 #
 #     source .carry/on-device.sh; RAGSTACK_COMMIT=<hash> bash benchmarks/gpu_serving.sh
 #
@@ -14,8 +15,7 @@
 # PROFILE=1: during step 2's last level, py-spy records 8 s of the engine process behind Triton, then 8 s of
 # the in-process benchmark (every thread, idle included, as collapsed stacks: `benchmarks.pyspy_summary` reads
 # them), with `top` over the same seconds (every process, then the profiled process's threads). PYSPY names
-# the binary, else the venv's or PATH's. .carry with the frontend's wheels leaves no room for py-spy's under the
-# 64 MiB limit: a copy of it without the openai and jiter wheels, plus py-spy's, worked with SERVING_ONLY=1.
+# the binary, else the venv's or PATH's (py-spy's wheel in .carry puts it there).
 # Each step has its own time limit within the BUDGET_S (480) budget; a step that fails or times out is
 # reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
 # openai.jsonl (the records to append to benchmarks/results/serving.jsonl) and, with PROFILE=1,
