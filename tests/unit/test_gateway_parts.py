@@ -28,6 +28,15 @@ def test_json_depth(text, depth):
     assert json_depth.depth(text) == depth
 
 
+@pytest.mark.parametrize("text, limit, over", [
+    (b'{"a": [1, {"b": [[]]}]}', 5, None), (b'{"a": [1, {"b": [[]]}]}', 4, 5),
+    (b'[[1], [2], [3], [4], [5], [6]]', 3, None),      # 7 brackets open, 2 levels deep
+    (b'{"a": "[[[[[[[["}', 2, None),                  # brackets in strings count only for the quick bound
+])
+def test_json_deeper_than_a_limit(text, limit, over):
+    assert json_depth.deeper_than(text, limit) == over
+
+
 def test_json_depth_agrees_with_a_parser_on_nested_data():
     value = {"inputs": [{"name": "x", "data": [[1, 2], [3, 4]], "parameters": {"s": "a]b\"}"}}]}
     assert json_depth.depth(json.dumps(value).encode()) == 5

@@ -77,8 +77,8 @@ def check(body: bytes, headers, limits: GatewayLimits) -> str:
         if not value.isdigit() or int(value) > len(body):
             raise GatewayError(400, f"{HEADER_LENGTH} {value!r} is not a byte count within the {len(body)}-byte body")
         json_part, content_type = body[:int(value)], BINARY
-    found = json_depth.depth(json_part)
-    if found > limits.max_json_depth:
+    found = json_depth.deeper_than(json_part, limits.max_json_depth)
+    if found is not None:
         raise GatewayError(400, f"the request's JSON nests {found} levels deep; the limit is "
                                 f"{limits.max_json_depth} (max_json_depth)")
     return content_type

@@ -43,8 +43,8 @@ async def read(request: Request, limits: FrontendLimits) -> bytes:
 
 async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
     body = await read(request, limits)
-    found = json_depth.depth(body)
-    if found > limits.max_json_depth:
+    found = json_depth.deeper_than(body, limits.max_json_depth)
+    if found is not None:
         raise APIError(400, f"the request's JSON nests {found} levels deep; the limit is {limits.max_json_depth} "
                             "(max_json_depth)")
     try:
