@@ -19,9 +19,11 @@ settings, starts the server with the launcher, sends N requests at each concurre
 with --baseline hf it does the same for a repository holding only the baseline (the GPU is the
 baseline's alone); then it replays the same requests in-process. No engine sees a prompt twice: each
 level has prompts of its own, the warm-ups others, and the frontend's differ from gRPC's on their shared
-server (same lengths), since the prefix cache would serve a repeat (serving_requests.py). Rows: output
-tok/s, TTFT and inter-token p50/p99 (the baseline answers once per request: its TTFT is the whole
-request), the engine's share of its TTFT, and the prompt tokens it prefilled (100% unless its cache
+server (same lengths), since the prefix cache would serve a repeat (serving_requests.py). Each system
+runs a closed loop per stream: the next request as soon as the last one ended, its TTFT timed from then,
+so the wait for its client's event loop (in-process: for the tokenizing of the requests ahead) counts.
+Rows: output tok/s, TTFT and inter-token p50/p99 (the baseline answers once per request: its TTFT is the
+whole request), the engine's share of its TTFT, and the prompt tokens it prefilled (100% unless its cache
 served some, or preempted sequences were recomputed) with its preemptions.
 
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
@@ -80,14 +82,36 @@ def percentile_ms(values, q):
     return float(np.percentile(values, q) * 1e3) if values else float("nan")
 
 
+async def closed_loop(requests, concurrency: int, send, started: list | None = None) -> tuple[list[Result], float]:
+    """`concurrency` slots, each sending its next request the moment its last one has ended, as a client that
+    sends at once: `await send(i, request, start)` sends request i and returns its Result, timed from `start`,
+    when its slot became free (the run's start for the first ones). So what a request waits for before it is
+    sent (this event loop busy with the others, the in-process engine tokenizing the requests ahead of it)
+    counts, as a server's queue counts. `started`: given, the start's time.perf_counter() is appended to it
+    (spread's clock). Returns the results in the requests' order, and the seconds from start to the last end."""
+    jobs = iter(enumerate(requests))
+    results: list[Result | None] = [None] * len(requests)
+    t0 = time.perf_counter()
+    if started is not None:
+        started.append(t0)
+
+    async def slot() -> None:
+        free = t0
+        for i, request in jobs:
+            results[i] = await send(i, request, free)
+            free = time.perf_counter()
+
+    await asyncio.gather(*(slot() for _ in range(min(concurrency, len(requests)))))
+    return results, time.perf_counter() - t0
+
+
 async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
                      batched: bool = False, started: list | None = None) -> tuple[list[Result], float]:
     """`batched`: the model has max_batch_size > 0, so every tensor carries a batch dimension of 1.
-    `started`: given, the start's time.perf_counter() is appended to it (spread's clock)."""
+    `started`: as closed_loop's."""
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    sem = asyncio.Semaphore(concurrency)
     shape = [1, 1] if batched else [1]
 
     def inputs(prompt: str, max_tokens: int):
@@ -104,68 +128,60 @@ async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
             tensors.append(t)
         return tensors
 
-    async def one(i: int, prompt: str, max_tokens: int) -> Result:
-        async with sem:
-            async def gen():
-                yield {"model_name": model, "inputs": inputs(prompt, max_tokens), "request_id": str(i)}
-            start = time.perf_counter()
-            times, tokens = [], 0
-            async for result, error in client.stream_infer(gen()):
-                if error is not None:
-                    raise RuntimeError(f"request {i}: {error}")
-                times.append(time.perf_counter())
-                tokens += int(result.as_numpy("num_output_tokens").reshape(-1)[0])
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    break
-            return Result(times[0] - start, list(np.diff(times)), tokens)
+    async def send(i: int, request: tuple[str, int], start: float) -> Result:
+        prompt, max_tokens = request
 
-    t0 = time.perf_counter()
-    if started is not None:
-        started.append(t0)
-    results = await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(requests)))
-    elapsed = time.perf_counter() - t0
-    await client.close()
-    return results, elapsed
+        async def gen():
+            yield {"model_name": model, "inputs": inputs(prompt, max_tokens), "request_id": str(i)}
+        times, tokens = [], 0
+        async for result, error in client.stream_infer(gen()):
+            if error is not None:
+                raise RuntimeError(f"request {i}: {error}")
+            times.append(time.perf_counter())
+            tokens += int(result.as_numpy("num_output_tokens").reshape(-1)[0])
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        return Result(times[0] - start, list(np.diff(times)), tokens)
+
+    try:
+        return await closed_loop(requests, concurrency, send, started)
+    finally:
+        await client.close()
 
 
 async def run_openai(base_url: str, requests, concurrency: int, model: str = "llm",
                      started: list | None = None) -> tuple[list[Result], float]:
     """The requests run_triton sends, as streamed completions through the OpenAI frontend: the same prompt
     and sampling (the frontend adds the token counts it reports to the llm's inputs), read by the lean SSE
-    client (sse_client.py; the openai SDK's own CPU per request would be timed too) on `concurrency` kept-alive
-    connections, each sending its share of the requests one after the other."""
+    client (sse_client.py; the openai SDK's own CPU per request would be timed too), one kept-alive
+    connection per slot of closed_loop."""
     address = urllib.parse.urlsplit(base_url)
-    jobs = iter(enumerate(requests))
-    results: list[Result | None] = [None] * len(requests)
+    connections = []
 
-    async def stream_slot() -> None:
-        connection = SSEConnection(address.hostname, address.port)
-        try:
-            for i, (prompt, max_tokens) in jobs:
-                body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                                   "stream": True, "stream_options": {"include_usage": True},
-                                   "ignore_eos": True}).encode()
-                start = time.perf_counter()
-                times, tokens = [], 0
-                async for data in connection.events("/v1/completions", body):
-                    if data == b"[DONE]":
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise RuntimeError(f"request {i}: {chunk['error']}")
-                    if chunk.get("choices"):   # a chunk per llm response, as run_triton counts them
-                        times.append(time.perf_counter())
-                    if chunk.get("usage"):
-                        tokens = chunk["usage"]["completion_tokens"]
-                results[i] = Result(times[0] - start, list(np.diff(times)), tokens)
-        finally:
+    async def send(i: int, request: tuple[str, int], start: float) -> Result:
+        prompt, max_tokens = request
+        connection = connections.pop() if connections else SSEConnection(address.hostname, address.port)
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                           "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}).encode()
+        times, tokens = [], 0
+        async for data in connection.events("/v1/completions", body):
+            if data == b"[DONE]":
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"request {i}: {chunk['error']}")
+            if chunk.get("choices"):   # a chunk per llm response, as run_triton counts them
+                times.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+        connections.append(connection)
+        return Result(times[0] - start, list(np.diff(times)), tokens)
+
+    try:
+        return await closed_loop(requests, concurrency, send, started)
+    finally:
+        for connection in connections:
             await connection.close()
-
-    t0 = time.perf_counter()
-    if started is not None:
-        started.append(t0)
-    await asyncio.gather(*(stream_slot() for _ in range(min(concurrency, len(requests)))))
-    return results, time.perf_counter() - t0
 
 
 def _client_process(api: str, url: str, requests, concurrency: int, model: str, batched: bool):
@@ -200,22 +216,19 @@ def spread(pool, processes: int, api: str, url: str, requests, concurrency: int,
 
 
 async def run_in_process(engine, requests, concurrency: int) -> tuple[list[Result], float]:
-    sem = asyncio.Semaphore(concurrency)
+    """The requests through the engine in this process's event loop, which tokenizes each one as it is
+    added (closed_loop: the time a request waits for the others' tokenizing counts)."""
+    async def send(i: int, request: tuple[str, int], start: float) -> Result:
+        prompt, max_tokens = request
+        times, tokens = [], 0
+        params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+        async for out in engine.add_request(f"r{i}-{concurrency}", prompt, params):
+            if out.delta_text or out.finished:  # the server sends a response exactly then
+                times.append(time.perf_counter())
+            tokens = len(out.token_ids)
+        return Result(times[0] - start, list(np.diff(times)), tokens, len(out.prompt_token_ids))
 
-    async def one(i: int, prompt: str, max_tokens: int) -> Result:
-        async with sem:
-            start = time.perf_counter()
-            times, tokens = [], 0
-            params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
-            async for out in engine.add_request(f"r{i}-{concurrency}", prompt, params):
-                if out.delta_text or out.finished:  # the server sends a response exactly then
-                    times.append(time.perf_counter())
-                tokens = len(out.token_ids)
-            return Result(times[0] - start, list(np.diff(times)), tokens, len(out.prompt_token_ids))
-
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(requests)))
-    return results, time.perf_counter() - t0
+    return await closed_loop(requests, concurrency, send)
 
 
 def summarize(system: str, concurrency: int, results: list[Result], elapsed: float,
