@@ -144,6 +144,7 @@ async def run_triton(url: str, requests, concurrency: int, model: str = "llm",
         return Result(times[0] - start, list(np.diff(times)), tokens)
 
     try:
+        await client.is_server_live()   # the channel is connected before any request is timed
         return await closed_loop(requests, concurrency, send, started)
     finally:
         await client.close()
@@ -153,10 +154,10 @@ async def run_openai(base_url: str, requests, concurrency: int, model: str = "ll
                      started: list | None = None) -> tuple[list[Result], float]:
     """The requests run_triton sends, as streamed completions through the OpenAI frontend: the same prompt
     and sampling (the frontend adds the token counts it reports to the llm's inputs), read by the lean SSE
-    client (sse_client.py; the openai SDK's own CPU per request would be timed too), one kept-alive
-    connection per slot of closed_loop."""
+    client (sse_client.py; the openai SDK's own CPU per request would be timed too), on kept-alive
+    connections, one per slot of closed_loop, opened before any request is timed (as gRPC's channel is)."""
     address = urllib.parse.urlsplit(base_url)
-    connections = []
+    connections = [SSEConnection(address.hostname, address.port) for _ in range(min(concurrency, len(requests)))]
 
     async def send(i: int, request: tuple[str, int], start: float) -> Result:
         prompt, max_tokens = request
@@ -178,6 +179,7 @@ async def run_openai(base_url: str, requests, concurrency: int, model: str = "ll
         return Result(times[0] - start, list(np.diff(times)), tokens)
 
     try:
+        await asyncio.gather(*(connection.connect() for connection in connections))
         return await closed_loop(requests, concurrency, send, started)
     finally:
         for connection in connections:

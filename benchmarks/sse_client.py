@@ -24,11 +24,15 @@ class SSEConnection:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
+    async def connect(self) -> None:
+        """Open the connection now (else the first request opens it)."""
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+
     async def events(self, path: str, body: bytes) -> AsyncIterator[bytes]:
         """POST `body` (JSON) to `path`; each event's `data:` payload as it arrives, until the answer ends.
         HTTPStatusError for a status other than 200."""
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        await self.connect()
         self._writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
                            b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
                            % (path.encode(), self.host.encode(), self.port, len(body), body))
