@@ -5,7 +5,7 @@ a micro-benchmark of the per-chunk path alone (issue #22), not a serving benchma
 - `frontend`: the real frontend (`python -m ragstack.openai_frontend`, --openai-workers N) in front of a
   stand-in gRPC endpoint of this script's (`--fake-triton`, model `llm`: each streamed request answered
   with max_tokens pre-serialized responses of one 4-character token, one every --interval s, as an
-  engine step would), read by a lean aiohttp client; it reports the frontend's CPU seconds
+  engine step would), read by a lean client (sse_client.py); it reports the frontend's CPU seconds
   (/proc/PID/stat, its workers included) per chunk received, chunks/s, TTFT and ITL.
 - `client`: the `openai` SDK's AsyncOpenAI (as applications stream) and the lean client reading a
   canned SSE stream (`--canned`: the frontend's chunks, written as fast as they are read): the client's
@@ -24,9 +24,12 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import numpy as np
+
+from benchmarks.sse_client import SSEConnection
 
 TICK = os.sysconf("SC_CLK_TCK")
 CANNED = json.dumps({"id": "cmpl-0123456789abcdef0123456789abcdef", "object": "text_completion", "created": 1,
@@ -157,23 +160,27 @@ async def run_openai(url: str, n: int, c: int, max_tokens: int) -> list[tuple[fl
 
 
 async def run_lean(url: str, n: int, c: int, max_tokens: int) -> list[tuple[float, list[float], int]]:
-    """Reads the events off the socket, no more: what the server costs, not the client."""
-    import aiohttp
-    sem = asyncio.Semaphore(c)
+    """Reads the events off the socket (sse_client.py, as bench_serving does), no more: what the server
+    costs, not the client."""
+    address = urllib.parse.urlsplit(url)
     body = json.dumps({"model": "llm", "prompt": "hi", "max_tokens": max_tokens, "stream": True,
-                       "stream_options": {"include_usage": True}})
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def one():
-            async with sem:
-                start, times, pending = time.perf_counter(), [], b""
-                async with session.post(f"{url}/v1/completions", data=body,
-                                        headers={"content-type": "application/json"}) as response:
-                    async for data in response.content.iter_any():
-                        *events, pending = (pending + data).split(b"\n\n")
-                        now = time.perf_counter()
-                        times += [now for e in events if b'"text"' in e]
-                return times[0] - start, list(np.diff(times)), len(times)
+                       "stream_options": {"include_usage": True}}).encode()
+    sem, pool = asyncio.Semaphore(c), []
+
+    async def one():
+        async with sem:
+            connection = pool.pop() if pool else SSEConnection(address.hostname, address.port)
+            start, times = time.perf_counter(), []
+            async for data in connection.events("/v1/completions", body):
+                if b'"text"' in data:
+                    times.append(time.perf_counter())
+            pool.append(connection)
+            return times[0] - start, list(np.diff(times)), len(times)
+    try:
         return await asyncio.gather(*(one() for _ in range(n)))
+    finally:
+        for connection in pool:
+            await connection.close()
 
 
 def measure(label: str, client, url: str, n: int, c: int, max_tokens: int, server_pid: int | None) -> dict:
