@@ -237,7 +237,8 @@ def summarize(system: str, concurrency: int, results: list[Result], elapsed: flo
               server: dict | None = None, engine: tuple[float, float, float] | None = None) -> dict:
     """`server`: the llm's per-call means from the server's metrics over the run (rag_bench.breakdown), so
     that a served TTFT can be split into Triton's queue, the engine's own TTFT (from the stub's intake to the
-    first token) and the rest (gRPC in, execute, the first response's way out, the client). `engine`: the
+    first token), the time to the first response (the same, plus the stub's relay to Triton) and the rest
+    (gRPC in, execute, the response's way out through Triton and gRPC, the client). `engine`: the
     engine's (prefill tokens computed, prompt tokens, preemptions) over the run: a prefix-cache hit or a
     recomputed prompt would show in their ratio."""
     tokens = sum(r.tokens for r in results)
@@ -250,7 +251,7 @@ def summarize(system: str, concurrency: int, results: list[Result], elapsed: flo
             "ttft_p99_ms": percentile_ms(ttft, 99), "itl_p50_ms": percentile_ms(gaps, 50),
             "itl_p99_ms": percentile_ms(gaps, 99), "ttft_mean_ms": float(np.mean(ttft) * 1e3) if ttft else float("nan"),
             "server_queue_ms": server.get("queue_ms"), "engine_ttft_ms": server.get("ttft_ms"),
-            "prefilled_share": prefilled / prompt if prompt else None, "preemptions": preemptions}
+            "first_response_ms": server.get("first_response_ms"), "prefilled_share": prefilled / prompt if prompt else None, "preemptions": preemptions}
 
 
 def table_row(r: dict) -> dict:
@@ -259,9 +260,10 @@ def table_row(r: dict) -> dict:
             **{f"{name} {q} ms": rounded(r[f"{key}_{q}_ms"], 1) for name, key in (("TTFT", "ttft"), ("ITL", "itl"))
                for q in ("p50", "p99")},
             "TTFT mean ms": rounded(r.get("ttft_mean_ms"), 1),
-            "of it: Triton queue / engine TTFT ms (server means)": (
-                f"{r['server_queue_ms']:.1f} / {r['engine_ttft_ms']:.1f}"
-                if r.get("server_queue_ms") is not None and r.get("engine_ttft_ms") is not None else None),
+            "of it: Triton queue / engine TTFT / first response sent ms (server means)": (
+                f"{r['server_queue_ms']:.1f} / {r['engine_ttft_ms']:.1f} / {r['first_response_ms']:.1f}"
+                if None not in (r.get("server_queue_ms"), r.get("engine_ttft_ms"), r.get("first_response_ms"))
+                else None),
             "prefilled % of prompt tokens / preemptions": (
                 f"{100 * r['prefilled_share']:.0f} / {r['preemptions']:.0f}"
                 if r.get("prefilled_share") is not None else None)}

@@ -61,6 +61,9 @@ class LLMMetrics:
         self.ttft = family("triton_llm_time_to_first_token_seconds",
                            "Time from arrival to the first output token", H).Metric(
                                labels=labels, buckets=_LATENCY_BUCKETS)
+        self.first_response = family("triton_llm_time_to_first_response_seconds",
+                                     "Time from arrival to the first response handed to Triton", H).Metric(
+                                         labels=labels, buckets=_LATENCY_BUCKETS)
         self.tpot = family("triton_llm_time_per_output_token_seconds",
                            "Time between consecutive output tokens of a request", H).Metric(
                                labels=labels, buckets=_TOKEN_BUCKETS)
@@ -120,6 +123,9 @@ class LLMMetrics:
 
     def observe_first_token(self, ttft_s: float) -> None:
         self._later([((self.ttft.observe, self.vllm_ttft.observe), [ttft_s])])
+
+    def observe_first_response(self, seconds: float) -> None:
+        self._later([((self.first_response.observe,), [seconds])])
 
     def observe_finished(self, stats) -> None:
         """`stats` is the request's llm_engine RequestStats."""

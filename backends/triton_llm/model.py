@@ -197,7 +197,7 @@ class TritonPythonModel:
         self._open[request_id] = (sender, engine, cancelled)  # _sweep_cancellations asks its sender
         out = None
         builder = ResponseBuilder(req, self.tokenizer)
-        first_token_seen = False
+        first_token_seen = responded = False
         try:
             async for out in stream:
                 if not first_token_seen and out.token_ids:
@@ -208,6 +208,9 @@ class TritonPythonModel:
                     break
                 if req.stream and out.delta_text:
                     self._send(sender, builder.response(out, out.delta_text, final=False))
+                    if not responded:
+                        responded = True
+                        self._observe_first_response(out)
         except self._unavailable_errors as exc:  # the engine died or hung, or the queue filled up after all
             self._fail(sender, req, self._explain(exc), pb_utils.TritonError.UNAVAILABLE)
             return
@@ -233,6 +236,14 @@ class TritonPythonModel:
         else:
             text = ("" if req.exclude_input_in_output else (out.prompt or "")) + out.text
         self._send(sender, builder.response(out, text, final=True), FINAL)
+        if not responded:
+            self._observe_first_response(out)
+
+    def _observe_first_response(self, out) -> None:
+        """From the request's arrival to its first response in Triton's hands (sent: the send has returned):
+        the engine's TTFT plus this stub's relay."""
+        if self.metrics:
+            self.metrics.observe_first_response(time.monotonic() - out.stats.arrival_time)
 
     async def _sweep_cancellations(self) -> None:
         """Asks each open stream's sender whether its client cancelled, one after the other, each at

@@ -31,7 +31,8 @@ STEPS = ["embed_tokenizer", "embedder", "retriever", "rag_rerank", "rerank_token
          "prompt_builder", "rag_generate", "llm"]
 COUNTERS = ["nv_inference_request_success", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
             "nv_inference_compute_infer_duration_us", "triton_llm_time_to_first_token_seconds_sum",
-            "triton_llm_time_to_first_token_seconds_count", "triton_llm_e2e_request_latency_seconds_sum",
+            "triton_llm_time_to_first_token_seconds_count", "triton_llm_time_to_first_response_seconds_sum",
+            "triton_llm_time_to_first_response_seconds_count", "triton_llm_e2e_request_latency_seconds_sum",
             "triton_llm_e2e_request_latency_seconds_count"]
 DEFAULT_METRICS_URL = "http://127.0.0.1:8002/metrics"
 
@@ -49,8 +50,9 @@ def scrape(metrics_url: str, names=COUNTERS) -> dict[tuple[str, str], float]:
 
 
 def breakdown(before: dict, after: dict) -> dict[str, dict[str, float]]:
-    """Per step: calls and mean request / queue / compute ms per call; for the llm also the engine's TTFT
-    and end-to-end ms (its nv_ request time ends when execute returns, before the tokens stream)."""
+    """Per step: calls and mean request / queue / compute ms per call; for the llm also the engine's TTFT,
+    the time to its first response in Triton's hands and end-to-end ms (its nv_ request time ends when
+    execute returns, before the tokens stream)."""
     def delta(name, model):
         return after.get((name, model), 0.0) - before.get((name, model), 0.0)
 
@@ -62,7 +64,8 @@ def breakdown(before: dict, after: dict) -> dict[str, dict[str, float]]:
         steps[model] = {"calls": calls, **{key: delta(f"nv_inference_{metric}_duration_us", model) / calls / 1e3
                                            for key, metric in (("request_ms", "request"), ("queue_ms", "queue"),
                                                                ("compute_ms", "compute_infer"))}}
-        for key, metric in (("ttft_ms", "time_to_first_token"), ("e2e_ms", "e2e_request_latency")):
+        for key, metric in (("ttft_ms", "time_to_first_token"), ("first_response_ms", "time_to_first_response"),
+                            ("e2e_ms", "e2e_request_latency")):
             count = delta(f"triton_llm_{metric}_seconds_count", model)
             if count > 0:
                 steps[model][key] = delta(f"triton_llm_{metric}_seconds_sum", model) / count * 1e3

@@ -192,7 +192,8 @@ def test_bad_input_is_invalid_arg(server, case, inputs, field):
 
 def test_metrics_move(server):
     names = ["triton_llm_prompt_tokens_total", "triton_llm_generation_tokens_total",
-             "triton_llm_time_to_first_token_seconds_count", "triton_llm_time_per_output_token_seconds_count",
+             "triton_llm_time_to_first_token_seconds_count", "triton_llm_time_to_first_response_seconds_count",
+             "triton_llm_time_per_output_token_seconds_count",
              "triton_llm_e2e_request_latency_seconds_count", "triton_llm_requests_finished_total"]
     before = {n: metric_value(server.metrics_url, n) for n in names}
     generate(server.grpc_url, "metrics please")
@@ -203,6 +204,17 @@ def test_metrics_move(server):
     for n in names:
         assert after[n] > before[n], n
     assert metric_value(server.metrics_url, "triton_llm_kv_cache_blocks_total") > 0
+
+
+def test_the_first_response_follows_the_first_token(server):
+    sums = ["triton_llm_time_to_first_token_seconds_sum", "triton_llm_time_to_first_response_seconds_sum"]
+    counts = [name.replace("_sum", "_count") for name in sums]
+    before = {n: metric_value(server.metrics_url, n) for n in sums + counts}
+    generate(server.grpc_url, "when does the first answer leave")
+    for n in counts:
+        wait_for_metric(server.metrics_url, n, "llm", lambda v, n=n: v >= before[n] + 1, timeout_s=5)
+    ttft, first_response = (metric_value(server.metrics_url, n) - before[n] for n in sums)
+    assert 0 < ttft <= first_response < ttft + 1.0
     metric_value(server.metrics_url, "triton_llm_num_requests_waiting")
 
 
