@@ -357,8 +357,9 @@ class TritonServer:
         return None
 
     def is_ready(self) -> bool:
-        """Triton ready through the gateway, and the OpenAI frontend (if any) ready to serve."""
-        urls = [f"http://{self.http_url}/v2/health/ready"]
+        """Triton ready through the gateway, its metrics answering (Triton starts them last, after it says it
+        is ready), and the OpenAI frontend (if any) ready to serve."""
+        urls = [f"http://{self.http_url}/v2/health/ready", self.metrics_url]
         if self.options.openai_port:
             urls.append(f"{self.openai_url}/health")
         return all(_answers_ok(url) for url in urls)

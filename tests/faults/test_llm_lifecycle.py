@@ -30,6 +30,7 @@ SHUTDOWN_S = 3
 STALL_S = 3
 STREAMS = 30
 LONG = 1500  # tokens: every stream is still running when the fault comes
+CYCLE_TOKENS = 400  # still running at the fault too, and a reload's old instance drains them in seconds
 CYCLES = int(os.environ.get("RAGSTACK_SOAK_CYCLES", "3"))
 
 
@@ -124,8 +125,8 @@ def test_load_unload_and_reload_cycles_under_open_streams(server, admin):
             if cycle % 2:
                 client.load_model("llm", config=server.llm_config)
 
-        _, outcomes = asyncio.run(streams_then(server, {"llm": (load_gen.llm_tensors("a long one", LONG), STREAMS)},
-                                               fault))
+        _, outcomes = asyncio.run(streams_then(server, {"llm": (load_gen.llm_tensors("a long one", CYCLE_TOKENS),
+                                                                STREAMS)}, fault))
         assert all(o.status in (load_gen.OK, load_gen.ERROR) for o in outcomes), outcomes
         assert admin.is_server_live(), server.tail_log()
         if not admin.is_model_ready("llm"):
