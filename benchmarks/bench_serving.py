@@ -65,7 +65,8 @@ TARGET_LATENCY_RATIO, TARGET_LATENCY_SLACK_MS = 1.15, 2.0
 
 
 # The llm's engine counters per level: prefill tokens computed (cache hits not), prompt tokens of finished
-# requests, preemptions. The engine-wide ones are refreshed every metrics_interval_s (0.25 s).
+# requests, preemptions. The engine-wide ones are refreshed every metrics_interval_s (0.25 s), and a request's
+# latencies observed by a thread of the stub's a moment after it has them.
 ENGINE_COUNTERS = ("vllm:prompt_tokens_total", "triton_llm_prompt_tokens_total", "triton_llm_preemptions_total")
 METRICS_REFRESH_S = 0.6
 
@@ -330,17 +331,18 @@ def serve(write, model: str, system: str, levels: list[int], level_requests: lis
             if openai is not None:  # its first requests read the model's config and open each worker's channel
                 spread(pool, client_processes, "openai", server.openai_url, openai[0], len(openai[0]), model)
 
+            def scrape() -> dict:
+                time.sleep(METRICS_REFRESH_S)  # the engine's counters and the observed latencies have caught up
+                return rag_bench.scrape(server.metrics_url, (*rag_bench.COUNTERS, *ENGINE_COUNTERS))
+
             def measured(name: str, c: int, run) -> None:
-                time.sleep(METRICS_REFRESH_S)  # the engine's counters have caught up with what ran before
-                before = rag_bench.scrape(server.metrics_url)
-                counts_before = rag_bench.scrape(server.metrics_url, ENGINE_COUNTERS)
+                before = scrape()
                 results, elapsed = run()
-                steps = rag_bench.breakdown(before, rag_bench.scrape(server.metrics_url))
-                time.sleep(METRICS_REFRESH_S)
-                counts = rag_bench.scrape(server.metrics_url, ENGINE_COUNTERS)
-                engine = [counts.get((counter, model), 0.0) - counts_before.get((counter, model), 0.0)
+                after = scrape()
+                engine = [after.get((counter, model), 0.0) - before.get((counter, model), 0.0)
                           for counter in ENGINE_COUNTERS]
-                rows.append(summarize(name, c, results, elapsed, steps.get(model), engine))
+                rows.append(summarize(name, c, results, elapsed, rag_bench.breakdown(before, after).get(model),
+                                      engine))
                 print(rows[-1], flush=True)
 
             for i, (c, requests) in enumerate(zip(levels, level_requests)):

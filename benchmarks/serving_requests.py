@@ -17,7 +17,7 @@ ROUNDS = 4     # of reading a prompt back to its length
 
 @dataclass(frozen=True)
 class RequestSets:
-    tokenizer: object               # llm_engine.model.tokenizer.Tokenizer (or HF): vocab_size, decode
+    tokenizer: object               # llm_engine.model.tokenizer.Tokenizer: vocab_size, decode, encode
     prompt_range: tuple[int, int]   # min, max prompt tokens
     output_range: tuple[int, int]   # min, max output tokens
 

@@ -36,12 +36,12 @@ class SSEConnection:
         self._writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
                            b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
                            % (path.encode(), self.host.encode(), self.port, len(body), body))
-        read_all = False
+        reusable = False
         try:
             status, headers = await self._head()
             if status != 200:
                 text = b"".join([part async for part in self._body(headers)])
-                read_all = True
+                reusable = True
                 raise HTTPStatusError(status, text)
             pending = b""
             async for part in self._body(headers):
@@ -50,9 +50,9 @@ class SSEConnection:
                     for line in event.split(b"\n"):
                         if line.startswith(b"data: "):
                             yield line[6:]
-            read_all = headers.get(b"connection", b"").lower() != b"close"
+            reusable = headers.get(b"connection", b"").lower() != b"close"
         finally:
-            if not read_all:  # left mid-answer (or the server closes): the next request opens a new connection
+            if not reusable:  # left mid-answer (or the server closes): the next request opens a new connection
                 await self.close()
 
     async def close(self) -> None:
