@@ -24,8 +24,9 @@ in the launch config's fp8_gemm section (with --sweep, the Triton tiles too). Th
 product of the quantized operands on every row tile, within fp8_gemm_error_bound's model of the GEMM
 that ran (float32 sums; Hopper's fast accumulation on its FP8 tensor cores and in cuBLAS, whose error
 grows with K), not one atol and rtol for all shapes. `layer_small_batch_fp8`
-times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones and the
-unfused FP8 path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row
+times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones, against the
+SwiGLU gate computed in the down projection's prologue instead of after gate_up ("gate in down": the
+layout before; `layer_small_batch` has the same pair in bf16) and against the unfused FP8 path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row
 tiles); `projections_single_row` times each projection alone at one row, bf16 and FP8, so that time =
 start-up + bytes / rate can be fitted over their 17-117 MB. `prefill_16k_chunk` is workload (c)'s second prefill chunk (8192
 queries over a 16k context) with bf16 KV, FP8 KV read by the kernel as e4m3 tiles, and FP8 KV copied to
@@ -348,12 +349,13 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
         hidden, _ = ops.rms_norm(linear(attn_out, w_o), norm2, eps, residual)
         return qkv, linear(ops.silu_and_mul(linear(hidden, w_gate_up)), w_down)
 
-    def fused(residual, skinny_linear=K.skinny_linear):
-        """From the complete residual; the MLP output goes into it."""
+    def fused(residual, skinny_linear=K.skinny_linear, gate_in_down=False):
+        """From the complete residual; the MLP output goes into it. The SwiGLU gate after gate_up (as the
+        engine runs it), or in the down projection's prologue (gate_in_down: the layout before)."""
         qkv = skinny_linear(residual, w_qkv, norm_weight=norm1, eps=eps)
         skinny_linear(attn_out, w_o, residual=residual)
-        gate_up = skinny_linear(residual, w_gate_up, norm_weight=norm2, eps=eps)
-        return qkv, skinny_linear(gate_up, w_down, gated=True, residual=residual)
+        mlp_in = skinny_linear(residual, w_gate_up, norm_weight=norm2, eps=eps, swiglu=not gate_in_down)
+        return qkv, skinny_linear(mlp_in, w_down, gated=gate_in_down, residual=residual)
 
     unfused_expected = unfused(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, silu_and_mul=K.silu_and_mul_ref))
     fused_expected = fused(start.clone(), K.skinny_linear_ref)
@@ -377,6 +379,9 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
                           for n, k, w in itertools.product((4, 8, 16), (512, 1024, 2048), (2, 4, 8))] if rows == 1 else
                          [({"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": st}, {})
                           for n, k, w, st in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4))]),
+        Bench(f"layer projections b={rows} fused, gate in down", shape, "skinny_linear",
+              call=lambda: fused(residual, gate_in_down=True),
+              check=check(lambda r: fused(r, gate_in_down=True), fused_expected), bytes=weight_bytes),
     ]
 
 
@@ -481,13 +486,15 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     attn_out, mlp_out, start = randn(gen, rows, q_size), randn(gen, rows, s.hidden), randn(gen, rows, s.hidden)
     residual = start.clone()
 
-    def fused(residual, fp8, skinny_linear=K.skinny_linear):
+    def fused(residual, fp8, skinny_linear=K.skinny_linear, gate_in_down=False):
+        """As the engine runs them (the SwiGLU gate after gate_up), or with the gate computed in the down
+        projection's prologue instead (gate_in_down, the layout before: both measured in one run)."""
         (w_qkv, w_o, w_gu, w_down) = [q for q, _ in quantized] if fp8 else weights
         sc = [scale for _, scale in quantized] if fp8 else [None] * 4
         qkv = skinny_linear(residual, w_qkv, norm_weight=norm1, eps=eps, weight_scale=sc[0])
         skinny_linear(attn_out, w_o, residual=residual, weight_scale=sc[1])
-        gate_up = skinny_linear(residual, w_gu, norm_weight=norm2, eps=eps, weight_scale=sc[2])
-        return qkv, skinny_linear(gate_up, w_down, gated=True, residual=residual, weight_scale=sc[3])
+        mlp_in = skinny_linear(residual, w_gu, norm_weight=norm2, eps=eps, weight_scale=sc[2], swiglu=not gate_in_down)
+        return qkv, skinny_linear(mlp_in, w_down, gated=gate_in_down, residual=residual, weight_scale=sc[3])
 
     def unfused_fp8(residual, ops=K):
         (qkv_w, qkv_s), (o_w, o_s), (gu_w, gu_s), (d_w, d_s) = quantized
@@ -499,10 +506,12 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     expected = {
         "bf16": fused(start.clone(), False, K.skinny_linear_ref),
         "fp8": fused(start.clone(), True, K.skinny_linear_ref),
+        "fp8 gate in down": fused(start.clone(), True, K.skinny_linear_ref),
         "fp8 unfused": unfused_fp8(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, fp8_linear=K.fp8_linear_ref,
                                                                   silu_and_mul=K.silu_and_mul_ref)),
     }
-    chains = {"bf16": lambda r: fused(r, False), "fp8": lambda r: fused(r, True), "fp8 unfused": unfused_fp8}
+    chains = {"bf16": lambda r: fused(r, False), "fp8": lambda r: fused(r, True),
+              "fp8 gate in down": lambda r: fused(r, True, gate_in_down=True), "fp8 unfused": unfused_fp8}
 
     def check(kind):
         def compare(_):
@@ -528,7 +537,7 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
               bytes=bf16_bytes if kind == "bf16" else fp8_bytes,
               # max_rows 16: the fused path at every row count here, whatever the launch config says
               candidates=[] if kind != "fp8" else (single_row if rows == 1 else many_rows))
-        for kind in ("bf16", "fp8", "fp8 unfused")
+        for kind in ("bf16", "fp8", "fp8 gate in down", "fp8 unfused")
     ]
 
 

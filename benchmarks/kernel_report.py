@@ -1,5 +1,8 @@
-"""What the compiler makes of an attention kernel for a GPU, without the GPU: registers, spills, shared
-memory and the instruction mix of its loops, from Triton's own ptxas and cuobjdump on this CPU.
+"""What the compiler makes of a kernel for a GPU, without the GPU: registers, spills, shared memory and the
+instruction mix of its loops, from Triton's own ptxas and cuobjdump on this CPU. The kernels: paged decode
+and prefill attention, and skinny_linear's single row (one of a Llama-3-8B layer's projections as the
+engine fuses it; per weight, the loop's instructions per thread, what decides whether FP8 weights are
+widened as fast as they stream).
 
 The kernel is launched through its public wrapper on CPU tensors with the launch intercepted, so its
 signature, specialisation and launch parameters (launch_configs/<family>.json, then --launch) are the
@@ -10,11 +13,13 @@ venv holding that version, torch and the engine's requirements.
 
     python -m benchmarks.kernel_report --kernel decode --kv-dtype fp8
     python -m benchmarks.kernel_report --kernel prefill --launch '{"BLOCK_N": 64, "num_stages": 2}' --sass /tmp/p.sass
+    python -m benchmarks.kernel_report --kernel skinny --weights fp8 --projection down
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import json
 import os
 import re
@@ -31,8 +36,10 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from benchmarks.bench_kernels import Sizes  # noqa: E402
+from benchmarks.bench_kernels import Sizes, layer_weight_shapes  # noqa: E402
 from llm_engine.kernels import decode_attention, launch_config, prefill_attention  # noqa: E402
+# The module, not the function of the same name that llm_engine.kernels exports: its kernel is patched.
+skinny_module = importlib.import_module("llm_engine.kernels.skinny_linear")
 
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8e4nv",
          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
@@ -92,6 +99,25 @@ def launch_of(kernel: str, kv_dtype: torch.dtype):
                      lambda: prefill_attention.paged_prefill_attention(q, k, v, tables, cu_seqlens, lens, 0.1, ks, vs))
 
 
+# How the engine fuses each projection of a layer (llama.py, add_attention_and_mlp and project); "down, gated"
+# is the down projection computing the SwiGLU gate itself, as it did before gate_up's swiglu output.
+PROJECTIONS = {"qkv": 0, "o": 1, "gate_up": 2, "down": 3, "down, gated": 3}
+
+
+def skinny_launch_of(projection: str, weights: torch.dtype):
+    """skinny_linear's kernel and its launch for one row of `projection` at Llama-3-8B's shape."""
+    n, k = layer_weight_shapes(SIZES)[PROJECTIONS[projection]]
+    gated = projection == "down, gated"
+    x = torch.zeros(1, 2 * k if gated else k, dtype=torch.bfloat16)
+    options = {"weight_scale": torch.ones(n) if weights == torch.float8_e4m3fn else None}
+    if projection in ("qkv", "gate_up"):
+        options.update(norm_weight=torch.ones(k, dtype=torch.bfloat16), eps=1e-5, swiglu=projection == "gate_up")
+    else:
+        options.update(gated=gated, residual=torch.zeros(1, n, dtype=torch.bfloat16))
+    return intercept(skinny_module, "_skinny_linear_kernel",
+                     lambda: skinny_module.skinny_linear(x, torch.zeros(n, k, dtype=weights), **options))
+
+
 def compile_for(kernel, args: tuple, kwargs: dict, arch: int):
     """triton.compile with the signature and specialisation a real launch of these arguments gets."""
     options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages", "maxnreg") if key in kwargs}
@@ -131,8 +157,10 @@ def loops(sass: str) -> list[collections.Counter]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("decode", "prefill"), default="decode")
+    parser.add_argument("--kernel", choices=("decode", "prefill", "skinny"), default="decode")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
+    parser.add_argument("--weights", choices=("bf16", "fp8"), default="fp8", help="skinny: the weights' dtype")
+    parser.add_argument("--projection", choices=list(PROJECTIONS), default="down", help="skinny: which one")
     parser.add_argument("--family", default="h200", help="launch_configs/<family>.json (default: h200)")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: Hopper)")
     parser.add_argument("--launch", type=json.loads, default={}, help="launch parameters over the family's")
@@ -143,9 +171,11 @@ def main() -> int:
     # The wrappers read the launch config of the device they run on: this one has no GPU.
     launch_config._device_family = lambda device: args.family
     kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
-    section = f"paged_{args.kernel}_attention"
+    weights = torch.float8_e4m3fn if args.weights == "fp8" else torch.bfloat16
+    section = "skinny_linear" if args.kernel == "skinny" else f"paged_{args.kernel}_attention"
     with launch_config.override_launch_params(section, **args.launch):
-        kernel, call_args, call_kwargs = launch_of(args.kernel, kv_dtype)
+        kernel, call_args, call_kwargs = (skinny_launch_of(args.projection, weights) if args.kernel == "skinny"
+                                          else launch_of(args.kernel, kv_dtype))
     compiled = compile_for(kernel, call_args, dict(call_kwargs), args.arch)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
@@ -158,14 +188,19 @@ def main() -> int:
     resources = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     launched = {key: call_kwargs[key] for key in ("num_warps", "num_stages", "maxnreg") if key in call_kwargs}
     constants = {key: value for key, value in call_kwargs.items() if key.isupper()}
-    print(f"{kernel.__name__}, {args.kv_dtype} KV, sm_{args.arch}, Triton {triton.__version__}, "
+    what = f"{args.projection}, {args.weights} weights, one row" if args.kernel == "skinny" else f"{args.kv_dtype} KV"
+    print(f"{kernel.__name__}, {what}, sm_{args.arch}, Triton {triton.__version__}, "
           f"launch_configs/{args.family}.json{' + ' + json.dumps(args.launch) if args.launch else ''}")
     print(f"  launch {json.dumps(launched)}; constants {json.dumps(constants)}")
     print(f"  registers {resources['REG']}, stack {resources['STACK']} bytes (spills), shared memory "
           f"{compiled.metadata.shared:,} bytes")
+    # skinny: each thread's share of a K tile's weights, which its last loop (the projection's) streams
+    per_thread = (constants["BLOCK_N"] * constants["BLOCK_K"] / (32 * launched["num_warps"])
+                  if args.kernel == "skinny" else None)
     for i, counts in enumerate(loops(sass)):
         top = ", ".join(f"{op} {n}" for op, n in counts.most_common(10))
-        print(f"  loop {i + 1}: {sum(counts.values())} instructions; {top}")
+        share = f" ({sum(counts.values()) / per_thread:.2f} per weight)" if per_thread else ""
+        print(f"  loop {i + 1}: {sum(counts.values())} instructions{share}; {top}")
     return 0
 
 

@@ -14,14 +14,20 @@ products summed along K only after the loop), and computes x' on the way:
   over x (x is a few KB, read from L2 by every program);
 - gated: x = [gate | up] and x' = silu(gate) * up.
 
+With `swiglu` the SwiGLU gate goes after the projection instead: weight = [gate rows; up rows] and the
+output is silu(gate) * up, half as wide. The MLP's gate_up projection ends with it, so the down projection
+reads the activation instead of recomputing it from [gate | up] in every one of its programs (its single-row
+loop on sm_90: 3.56 instead of 5.70 instructions per FP8 weight, `python -m benchmarks.kernel_report
+--kernel skinny`). Each program's tile interleaves gate and up rows, column c's gate beside its up.
+
 Each program loads its first weight tile before anything that depends on the previous kernel (x, the
 norm's first pass, the residual): the weights are constant, so that load overlaps the norm's pass and,
 under programmatic dependent launch (launch config `programmatic_dependent_launch`: launched with
 launch_pdl, the dependent part after gdc_wait), the previous kernel's tail.
 
-Measured on the H200 (docs/benchmarks.md): a layer's four projections for one row take 123.7 us fused on
-the CUDA cores with PDL (126.5 without, 134.7 before the first tile moved ahead of the norm's pass)
-against 139 us unfused, and (a) runs at 231 tok/s against 209; for 8 or 16 rows the tensor-core variant
+Measured on the H200 (docs/benchmarks.md), with the SwiGLU gate still in the down projection: a layer's four
+projections for one row take 123.7 us fused on the CUDA cores with PDL (126.5 without, 134.7 before the first
+tile moved ahead of the norm's pass) against 139 us unfused, and (a) runs at 231 tok/s against 209; for 8 or 16 rows the tensor-core variant
 is about 3x slower than cuBLAS, so h200.json fuses single rows only (max_rows 1).
 
 FP8 weights (W [N, K] float8_e4m3fn with `weight_scale` [N], per output channel, fp8_quant.py): the tiles
@@ -86,12 +92,13 @@ def skinny_linear_ref(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     weight_scale: torch.Tensor | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
-    residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
-    given) or silu(gate) * up (gated). FP8 weights (float8_e4m3fn with float32 weight_scale [N]) are
-    dequantized and multiplied in float32, x' in x's dtype."""
-    _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale)
+    residual [M, N] in place (and residual returned), or with swiglu silu(y[:, :N/2]) * y[:, N/2:] as
+    [M, N/2]. x' is x, rmsnorm(x) * norm_weight (norm_weight given) or silu(gate) * up (gated). FP8 weights
+    (float8_e4m3fn with float32 weight_scale [N]) are dequantized and multiplied in float32, x' in x's dtype."""
+    _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale, swiglu)
     if norm_weight is not None:
         x = rms_norm_ref(x, norm_weight, eps)
     elif gated:
@@ -101,6 +108,8 @@ def skinny_linear_ref(
         y = y.to(x.dtype)
     else:
         y = F.linear(x, weight, bias)
+    if swiglu:
+        return silu_and_mul_ref(y)
     if residual is None:
         return y
     return residual.copy_((residual.float() + y.float()).to(residual.dtype))
@@ -123,11 +132,18 @@ def _skinny_linear_kernel(
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
     W_FP8: tl.constexpr,
+    SWIGLU: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < M
-    col_mask = cols < N
+    if SWIGLU:  # N: the output's width; tile column 2c is gate row c, 2c + 1 its up row N + c
+        tile = tl.arange(0, BLOCK_N)
+        out_cols = tl.program_id(0) * (BLOCK_N // 2) + tile // 2
+        cols = out_cols + (tile % 2) * N
+        col_mask = out_cols < N
+    else:
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
     x_rows = x_ptr + rows[:, None] * stride_xm
     # The weights do not depend on the kernel before: under programmatic dependent launch the first
     # tile is on its way while that kernel finishes, and only x, the residual and the output wait for it.
@@ -161,6 +177,11 @@ def _skinny_linear_kernel(
         acc *= tl.load(w_scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU:  # gate and up rounded to the output dtype first, as the unfused projection rounds them
+        gate, up = tl.split(tl.reshape(acc.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+        acc = gate * tl.sigmoid(gate) * up
+        cols = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        col_mask = cols < N
     out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
     out_mask = row_mask[:, None] & col_mask[None, :]
     y = acc.to(out_ptr.dtype.element_ty)
@@ -216,14 +237,17 @@ def skinny_linear(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     weight_scale: torch.Tensor | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (gated: [M, 2K]), M <= 16, weight [N, K], bias [N] -> x' W^T + b as [M, N], or added into
-    residual [M, N] in place (and residual returned). x' is x, rmsnorm(x) * norm_weight (norm_weight
-    given) or silu(gate) * up (gated). FP8 weights: float8_e4m3fn with float32 weight_scale [N]. One launch."""
-    _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale)
+    residual [M, N] in place (and residual returned), or with swiglu silu(y[:, :N/2]) * y[:, N/2:] as
+    [M, N/2]. x' is x, rmsnorm(x) * norm_weight (norm_weight given) or silu(gate) * up (gated). FP8
+    weights: float8_e4m3fn with float32 weight_scale [N]. One launch."""
+    _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale, swiglu)
     expect_launchable("x", x, "skinny_linear_ref")
     num_rows, (n, k) = x.shape[0], weight.shape
-    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device) if residual is None else residual
+    n_out = n // 2 if swiglu else n
+    out = torch.empty((num_rows, n_out), dtype=x.dtype, device=x.device) if residual is None else residual
     if num_rows == 0 or n == 0:
         return out
     params = _params(x, weight.dtype, single_row=False)
@@ -233,10 +257,10 @@ def skinny_linear(
     pdl = params["programmatic_dependent_launch"] and not interpreting()
     block_n, block_k = params["BLOCK_N"], min(params["BLOCK_K"], max(16, triton.next_power_of_2(k)))
     w_fp8 = weight.dtype == FP8
-    _skinny_linear_kernel[(triton.cdiv(n, block_n),)](
+    _skinny_linear_kernel[(triton.cdiv(n_out, block_n // 2 if swiglu else block_n),)](
         x, weight, weight_scale if w_fp8 else x, x if bias is None else bias, x if norm_weight is None else norm_weight,
         out,
-        num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), eps,
+        num_rows, n_out, k, x.stride(0), weight.stride(0), out.stride(0), eps,
         BLOCK_M=SKINNY_MAX_ROWS if use_dot else 1,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -249,6 +273,7 @@ def skinny_linear(
         UPCAST_DOT=interpreting() and x.dtype == torch.bfloat16,
         PDL=pdl,
         W_FP8=w_fp8,
+        SWIGLU=swiglu,
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
         **({"launch_pdl": True} if pdl else {}),
@@ -256,13 +281,17 @@ def skinny_linear(
     return out
 
 
-def _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale=None) -> None:
+def _check_args(x, weight, bias, norm_weight, gated, residual, weight_scale=None, swiglu=False) -> None:
     expect_ndim("x", x, 2, "[rows, in_features]" + (" x 2 (gate | up)" if gated else ""))
     expect_ndim("weight", weight, 2, "[out_features, in_features]")
     if x.shape[0] > SKINNY_MAX_ROWS:
         raise ValueError(f"x has {x.shape[0]} rows; skinny_linear takes at most {SKINNY_MAX_ROWS}")
     if norm_weight is not None and gated:
         raise ValueError("skinny_linear takes norm_weight or gated, not both")
+    if swiglu and residual is not None:
+        raise ValueError("swiglu's output is the gated activation, half as wide: it cannot go into a residual")
+    if swiglu and weight.shape[0] % 2:
+        raise ValueError(f"swiglu needs weight = [gate; up], an even number of rows, got {weight.shape[0]}")
     in_features = weight.shape[1] * (2 if gated else 1)
     if x.shape[1] != in_features:
         raise ValueError(f"x has {x.shape[1]} features but weight takes {weight.shape[1]}"

@@ -82,13 +82,12 @@ class LlamaDecoderLayer(nn.Module):
 
     def add_attention_and_mlp(self, attn_out: torch.Tensor, residual: torch.Tensor) -> None:
         """after_attention for a step of few rows on one rank, in three fused projections: o into the
-        residual, norm + gate_up, gate + down into the residual (in place)."""
+        residual, norm + gate_up + the SwiGLU gate, down into the residual (in place)."""
         o_proj, mlp, norm = self.self_attn.o_proj, self.mlp, self.post_attention_layernorm
         ops.skinny_linear(attn_out, o_proj.weight, o_proj.bias, residual=residual, weight_scale=o_proj.weight_scale)
-        gate_up = ops.skinny_linear(residual, mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps,
-                                    weight_scale=mlp.gate_up_proj.weight_scale)
-        ops.skinny_linear(gate_up, mlp.down_proj.weight, gated=True, residual=residual,
-                          weight_scale=mlp.down_proj.weight_scale)
+        activation = ops.skinny_linear(residual, mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps,
+                                       weight_scale=mlp.gate_up_proj.weight_scale, swiglu=True)
+        ops.skinny_linear(activation, mlp.down_proj.weight, residual=residual, weight_scale=mlp.down_proj.weight_scale)
 
 
 class LlamaModel(nn.Module):

@@ -43,3 +43,16 @@ def test_unknown_family_and_interpreter_are_refused():
     env_run = subprocess.run([sys.executable, str(SCRIPT)], env={**os.environ, "TRITON_INTERPRET": "1"},
                              capture_output=True, text=True, timeout=60)
     assert env_run.returncode == 1 and "unset TRITON_INTERPRET" in env_run.stderr
+
+
+def test_skinny_down_projection_reads_the_activation_without_recomputing_it():
+    """gate_up's swiglu output leaves the down projection's loop without the SwiGLU gate's exponentials."""
+    per_weight = {}
+    for projection in ("down", "down, gated"):
+        result = report("--kernel", "skinny", "--weights", "fp8", "--projection", projection)
+        assert result.returncode == 0, result.stderr
+        assert '"W_FP8": true' in result.stdout and '"USE_DOT": false' in result.stdout
+        loop = re.search(r"loop 1: \d+ instructions \(([\d.]+) per weight\); (.*)", result.stdout)
+        per_weight[projection] = float(loop[1])
+        assert ("MUFU.EX2" in loop[2]) == (projection == "down, gated")
+    assert per_weight["down"] < 0.8 * per_weight["down, gated"]

@@ -274,7 +274,8 @@ def test_bad_input_is_refused(device):
 # --- skinny_linear with FP8 weights --------------------------------------------------------------
 
 SKINNY_TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=4e-2, rtol=3e-2)}
-MODES = {"plain": {}, "norm": {"norm_weight": True, "eps": 1e-5}, "gated": {"gated": True}}
+MODES = {"plain": {}, "norm": {"norm_weight": True, "eps": 1e-5}, "gated": {"gated": True},
+         "norm, swiglu out": {"norm_weight": True, "eps": 1e-5, "swiglu": True}}
 
 
 @pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
@@ -289,12 +290,14 @@ def test_skinny_linear_with_fp8_weights_matches_ref(gen, device, dtype, rows, mo
     bias = randn(gen, out_features, dtype=dtype, device=device)
     if options.get("norm_weight"):
         options["norm_weight"] = randn(gen, in_features, dtype=dtype, device=device)
-    residual = randn(gen, rows, out_features, dtype=dtype, device=device)
-    expected = skinny_linear_ref(x, weight, bias, residual=residual.clone(), weight_scale=weight_scale, **options)
+    # swiglu's output is the activation, not added into a residual
+    residual = None if options.get("swiglu") else randn(gen, rows, out_features, dtype=dtype, device=device)
+    expected = skinny_linear_ref(x, weight, bias, residual=None if residual is None else residual.clone(),
+                                 weight_scale=weight_scale, **options)
     with override_launch_params("skinny_linear", single_row_on_cuda_cores=cuda_cores, BLOCK_N=8 if cuda_cores else 16,
                                 BLOCK_K=32):
         out = skinny_linear(x, weight, bias, residual=residual, weight_scale=weight_scale, **options)
-    assert out is residual
+    assert out is residual if residual is not None else out.shape == (rows, out_features // 2)
     torch.testing.assert_close(out.float(), expected.float(), **SKINNY_TOLERANCE[dtype])
 
 

@@ -1,5 +1,6 @@
-"""The fused small-batch projection (plain, after RMSNorm, after the SwiGLU gate; into a residual) against
-its torch reference, which composes the unfused ops: rms_norm_ref, silu_and_mul_ref, F.linear, the add."""
+"""The fused small-batch projection (plain, after RMSNorm, after the SwiGLU gate; into a residual; ending in
+the SwiGLU gate) against its torch reference, which composes the unfused ops: rms_norm_ref, silu_and_mul_ref,
+F.linear, the add."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,12 @@ MODES = {
     "plain": {},
     "norm": {"norm_weight": True, "eps": 1e-5},
     "gated": {"gated": True},
+    "norm, swiglu out": {"norm_weight": True, "eps": 1e-5, "swiglu": True},  # the MLP's gate_up
 }
+
+
+def out_width(options, out_features):
+    return out_features // 2 if options.get("swiglu") else out_features
 
 
 def randn(gen, *shape, dtype, device):
@@ -27,9 +33,11 @@ def randn(gen, *shape, dtype, device):
 @pytest.mark.parametrize("rows", [1, *in_full_run(3), SKINNY_MAX_ROWS])
 @pytest.mark.parametrize("out_features, in_features",  # partial N and K tiles
                          [*in_full_run((16, 64)), (40, 96), *in_full_run((100, 200))])
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("with_bias, into_residual",
-                         [(False, False), *in_full_run((True, False), (False, True)), (True, True)])
+@pytest.mark.parametrize("mode, with_bias, into_residual", [
+    pytest.param(mode, bias, into, marks=[pytest.mark.slow] if slow else [], id=f"{mode}-{bias}-{into}")
+    for mode in MODES
+    for bias, into, slow in ((False, False, False), (True, False, True), (False, True, True), (True, True, False))
+    if not (into and MODES[mode].get("swiglu"))])  # swiglu's output is the activation, into no residual
 def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_features, mode, with_bias,
                                    into_residual):
     options = dict(MODES[mode])
@@ -43,7 +51,7 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
     out = skinny_linear(x, weight, bias, residual=residual, **options)
     if into_residual:
         assert out is residual  # in place
-    assert out.dtype == dtype and out.shape == (rows, out_features)
+    assert out.dtype == dtype and out.shape == (rows, out_width(options, out_features))
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
 
 
@@ -61,11 +69,12 @@ def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n,
     weight = randn(gen, 40, in_features, dtype=dtype, device=device) / in_features**0.5
     if options.get("norm_weight"):
         options["norm_weight"] = randn(gen, in_features, dtype=dtype, device=device)
-    residual = randn(gen, 1, 40, dtype=dtype, device=device)
-    expected = skinny_linear_ref(x, weight, residual=residual.clone(), **options)
+    residual = None if options.get("swiglu") else randn(gen, 1, 40, dtype=dtype, device=device)
+    expected = skinny_linear_ref(x, weight, residual=None if residual is None else residual.clone(), **options)
     with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, BLOCK_N=block_n, BLOCK_K=32,
                                 programmatic_dependent_launch=pdl):
         out = skinny_linear(x, weight, residual=residual, **options)
+    assert out.shape == (1, out_width(options, 40))
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
 
 
@@ -92,6 +101,10 @@ def test_skinny_linear_refuses_bad_input(device):
         skinny_linear(torch.zeros(2, 16, device=device), weight)
     with pytest.raises(ValueError, match="gated: x must be"):
         skinny_linear(torch.zeros(2, 32, device=device), weight, gated=True)
+    with pytest.raises(ValueError, match="cannot go into a residual"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight, swiglu=True, residual=torch.zeros(2, 4, device=device))
+    with pytest.raises(ValueError, match="an even number of rows, got 7"):
+        skinny_linear(torch.zeros(2, 32, device=device), weight[:7], swiglu=True)
     with pytest.raises(ValueError, match="not both"):
         skinny_linear(torch.zeros(2, 32, device=device), weight, norm_weight=torch.ones(32, device=device),
                       gated=True)
