@@ -32,7 +32,9 @@ is about 3x slower than cuBLAS, so h200.json fuses single rows only (max_rows 1)
 
 FP8 weights (W [N, K] float8_e4m3fn with `weight_scale` [N], per output channel, fp8_quant.py): the tiles
 are read as e4m3 (half the bytes), widened in registers, and each column's sum is multiplied by its scale
-after the loop. x' stays in x's dtype (W8A16: a batch this small is bound by the weight reads, so
+after the loop. On the CUDA cores, launch config `weight_vector` 8 loads them 8 to a thread, as x's bf16
+columns are: left to the compiler (0) they come 16 to a thread and every tile is rearranged through shared
+memory, with two barriers, to meet x's layout (sm_90, kernel_report). x' stays in x's dtype (W8A16: a batch this small is bound by the weight reads, so
 quantizing the activations would save nothing and only lose precision); the launch config's
 "float8_e4m3fn" entries (and "single_row_float8_e4m3fn") give such weights their own tiles and max_rows.
 
@@ -133,6 +135,7 @@ def _skinny_linear_kernel(
     PDL: tl.constexpr,
     W_FP8: tl.constexpr,
     SWIGLU: tl.constexpr,
+    WEIGHT_VECTOR: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -147,7 +150,7 @@ def _skinny_linear_kernel(
     x_rows = x_ptr + rows[:, None] * stride_xm
     # The weights do not depend on the kernel before: under programmatic dependent launch the first
     # tile is on its way while that kernel finishes, and only x, the residual and the output wait for it.
-    w = _weight_tile(w_ptr, cols, col_mask, tl.arange(0, BLOCK_K), K, stride_wn, EVEN_K)
+    w = _weight_tile(w_ptr, cols, col_mask, tl.arange(0, BLOCK_K), K, stride_wn, EVEN_K, WEIGHT_VECTOR)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -168,7 +171,7 @@ def _skinny_linear_kernel(
                       EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     for k_start in range(BLOCK_K, K, BLOCK_K):
         ks = k_start + tl.arange(0, BLOCK_K)
-        w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K)
+        w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K, WEIGHT_VECTOR)
         acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
                           EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     if not USE_DOT:
@@ -191,11 +194,14 @@ def _skinny_linear_kernel(
 
 
 @triton.jit
-def _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K: tl.constexpr):
+def _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K: tl.constexpr, WEIGHT_VECTOR: tl.constexpr):
     """Weight rows `cols` at columns ks: [BLOCK_N, BLOCK_K] (no mask along K when K is whole tiles: full-width
-    vector loads)."""
+    vector loads). WEIGHT_VECTOR > 0: loaded in vectors of that many weights per thread (else 16 bytes)."""
     mask = col_mask[:, None] if EVEN_K else col_mask[:, None] & (ks < K)[None, :]
-    return tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=mask, other=0.0)
+    pointers = w_ptr + cols[:, None] * stride_wn + ks[None, :]
+    if WEIGHT_VECTOR > 0:
+        pointers = tl.max_contiguous(pointers, [1, WEIGHT_VECTOR])
+    return tl.load(pointers, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -274,6 +280,7 @@ def skinny_linear(
         PDL=pdl,
         W_FP8=w_fp8,
         SWIGLU=swiglu,
+        WEIGHT_VECTOR=params["weight_vector"],
         num_warps=params["num_warps"],
         num_stages=params["num_stages"],
         **({"launch_pdl": True} if pdl else {}),

@@ -46,13 +46,26 @@ def test_unknown_family_and_interpreter_are_refused():
 
 
 def test_skinny_down_projection_reads_the_activation_without_recomputing_it():
-    """gate_up's swiglu output leaves the down projection's loop without the SwiGLU gate's exponentials."""
-    per_weight = {}
+    """gate_up's swiglu output leaves the down projection's loop without the SwiGLU gate's arithmetic."""
+    per_weight, mix = {}, {}
     for projection in ("down", "down, gated"):
         result = report("--kernel", "skinny", "--weights", "fp8", "--projection", projection)
         assert result.returncode == 0, result.stderr
         assert '"W_FP8": true' in result.stdout and '"USE_DOT": false' in result.stdout
         loop = re.search(r"loop 1: \d+ instructions \(([\d.]+) per weight\); (.*)", result.stdout)
         per_weight[projection] = float(loop[1])
-        assert ("MUFU.EX2" in loop[2]) == (projection == "down, gated")
+        mix[projection] = dict((op, int(n)) for op, n in re.findall(r"(\S+) (\d+)", loop[2]))
     assert per_weight["down"] < 0.8 * per_weight["down, gated"]
+    assert mix["down"].get("FMUL", 0) < mix["down, gated"]["FMUL"] / 4  # silu(gate) * up per weight tile
+
+
+def test_skinny_fp8_weights_load_in_x_layout_without_a_shared_memory_round_trip():
+    """h200.json's weight_vector 8: the e4m3 tiles come 8 to a thread like x's bf16 columns; left to the
+    compiler (0) they come 16 to a thread and each tile is rearranged through 8 KB of shared memory."""
+    shared = {}
+    for vector in (8, 0):
+        result = report("--kernel", "skinny", "--weights", "fp8", "--projection", "o",
+                        "--launch", f'{{"weight_vector": {vector}}}')
+        assert result.returncode == 0, result.stderr
+        shared[vector] = int(re.search(r"shared memory ([\d,]+) bytes", result.stdout)[1].replace(",", ""))
+    assert shared[8] <= 1024 < 8192 <= shared[0]
