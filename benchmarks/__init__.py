@@ -30,6 +30,6 @@ here with `python -m benchmarks.pack_rag_gpu` (int8 ONNX models, the index, fais
 
 Tools that record nothing: `pyspy_summary` (py-spy's collapsed stacks per thread), `profile_engine` (a window
 of engine steps on the GPU: kernels by name, device busy against wall time, host time by phase),
-`kernel_report` (an attention kernel compiled for a GPU on this CPU, with that GPU's launch config: registers,
+`kernel_report` (an attention kernel or a fused projection compiled for a GPU on this CPU, with that GPU's launch config: registers,
 spills, shared memory, each loop's instructions; run it before spending device time on a kernel change).
 """

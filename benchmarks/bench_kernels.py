@@ -26,12 +26,14 @@ that ran (float32 sums; Hopper's fast accumulation on its FP8 tensor cores and i
 grows with K), not one atol and rtol for all shapes. `layer_small_batch_fp8`
 times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones, against the
 SwiGLU gate computed in the down projection's prologue instead of after gate_up ("gate in down": the
-layout before; `layer_small_batch` has the same pair in bf16), against the e4m3 tiles loaded 16 to a thread
-("16-byte loads": launch config weight_vector 0, the layout before) and against the unfused FP8 path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row
-tiles); `projections_single_row` times each projection alone at one row, bf16 and FP8, so that time =
-start-up + bytes / rate can be fitted over their 17-117 MB. `prefill_16k_chunk` is workload (c)'s second prefill chunk (8192
-queries over a 16k context) with bf16 KV, FP8 KV read by the kernel as e4m3 tiles, and FP8 KV copied to
-a bf16 scratch cache first (the launch config's dequantize_min_tokens: which of the two FP8 ways to take).
+layout before; `layer_small_batch` has the same pair in bf16), against the e4m3 tiles loaded 16 to a
+thread ("16-byte loads": launch config weight_vector 0, the layout before) and against the unfused FP8
+path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row tiles);
+`projections_single_row` times each projection alone at one row, bf16 and FP8, so that time = start-up +
+bytes / rate can be fitted over their 17-117 MB. `prefill_16k_chunk` is workload (c)'s second prefill
+chunk (8192 queries over a 16k context) with bf16 KV, FP8 KV read by the kernel as e4m3 tiles, and FP8 KV
+copied to a bf16 scratch cache first (the launch config's dequantize_min_tokens: which of the two FP8 ways
+to take).
 
     python -m benchmarks.bench_kernels --json /tmp/kernels.json
     python -m benchmarks.bench_kernels --sweep --cases decode,decode_32k   # best launch configs
@@ -504,14 +506,14 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
         hidden, _ = ops.rms_norm(ops.fp8_linear(attn_out, o_w, o_s), norm2, eps, residual)
         return qkv, ops.fp8_linear(ops.silu_and_mul(ops.fp8_linear(hidden, gu_w, gu_s)), d_w, d_s)
 
+    fp8_expected = fused(start.clone(), True, K.skinny_linear_ref)  # the same for every fused FP8 layout
     expected = {
         "bf16": fused(start.clone(), False, K.skinny_linear_ref),
-        "fp8": fused(start.clone(), True, K.skinny_linear_ref),
-        "fp8 gate in down": fused(start.clone(), True, K.skinny_linear_ref),
-        "fp8 16-byte loads": fused(start.clone(), True, K.skinny_linear_ref),
+        "fp8": fp8_expected, "fp8 gate in down": fp8_expected, "fp8 16-byte loads": fp8_expected,
         "fp8 unfused": unfused_fp8(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, fp8_linear=K.fp8_linear_ref,
                                                                   silu_and_mul=K.silu_and_mul_ref)),
     }
+
     def fused_fp8_wide_loads(residual):
         """The e4m3 tiles loaded 16 to a thread (the compiler's choice), rearranged through shared memory."""
         with override_launch_params("skinny_linear", weight_vector=0):

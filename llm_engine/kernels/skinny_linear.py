@@ -14,11 +14,11 @@ products summed along K only after the loop), and computes x' on the way:
   over x (x is a few KB, read from L2 by every program);
 - gated: x = [gate | up] and x' = silu(gate) * up.
 
-With `swiglu` the SwiGLU gate goes after the projection instead: weight = [gate rows; up rows] and the
-output is silu(gate) * up, half as wide. The MLP's gate_up projection ends with it, so the down projection
-reads the activation instead of recomputing it from [gate | up] in every one of its programs (its single-row
-loop on sm_90: 3.56 instead of 5.70 instructions per FP8 weight, `python -m benchmarks.kernel_report
---kernel skinny`). Each program's tile interleaves gate and up rows, column c's gate beside its up.
+With `swiglu` the SwiGLU gate goes after the projection instead: weight = [gate rows; up rows] and the output is
+silu(gate) * up, half as wide. The MLP's gate_up projection ends with it, so the down projection reads the
+activation instead of recomputing it from [gate | up] in every one of its programs (its single-row loop on sm_90
+under h200.json: 3.36 instead of 5.50 instructions per FP8 weight, `python -m benchmarks.kernel_report --kernel
+skinny`). Each program's tile interleaves gate and up rows, column c's gate beside its up.
 
 Each program loads its first weight tile before anything that depends on the previous kernel (x, the
 norm's first pass, the residual): the weights are constant, so that load overlaps the norm's pass and,
@@ -27,16 +27,17 @@ launch_pdl, the dependent part after gdc_wait), the previous kernel's tail.
 
 Measured on the H200 (docs/benchmarks.md), with the SwiGLU gate still in the down projection: a layer's four
 projections for one row take 123.7 us fused on the CUDA cores with PDL (126.5 without, 134.7 before the first
-tile moved ahead of the norm's pass) against 139 us unfused, and (a) runs at 231 tok/s against 209; for 8 or 16 rows the tensor-core variant
-is about 3x slower than cuBLAS, so h200.json fuses single rows only (max_rows 1).
+tile moved ahead of the norm's pass) against 139 us unfused, and (a) runs at 231 tok/s against 209; for 8 or
+16 rows the tensor-core variant is about 3x slower than cuBLAS, so h200.json fuses single rows only (max_rows 1).
 
-FP8 weights (W [N, K] float8_e4m3fn with `weight_scale` [N], per output channel, fp8_quant.py): the tiles
-are read as e4m3 (half the bytes), widened in registers, and each column's sum is multiplied by its scale
-after the loop. On the CUDA cores, launch config `weight_vector` 8 loads them 8 to a thread, as x's bf16
-columns are: left to the compiler (0) they come 16 to a thread and every tile is rearranged through shared
-memory, with two barriers, to meet x's layout (sm_90, kernel_report). x' stays in x's dtype (W8A16: a batch this small is bound by the weight reads, so
-quantizing the activations would save nothing and only lose precision); the launch config's
-"float8_e4m3fn" entries (and "single_row_float8_e4m3fn") give such weights their own tiles and max_rows.
+FP8 weights (W [N, K] float8_e4m3fn with `weight_scale` [N], per output channel, fp8_quant.py): the tiles are
+read as e4m3 (half the bytes), widened in registers, and each column's sum is multiplied by its scale after the
+loop. On the CUDA cores, launch config `weight_vector` 8 loads them 8 to a thread, as x's bf16 columns are: left
+to the compiler (0) they come 16 to a thread and every tile is rearranged through shared memory, with CTA-wide
+barriers, to meet x's layout (sm_90, kernel_report). x' stays in x's dtype (W8A16: a batch this small is bound
+by the weight reads, so quantizing the activations would save nothing and only lose precision); the launch
+config's "float8_e4m3fn" entries (and "single_row_float8_e4m3fn") give such weights their own tiles and
+max_rows.
 
 With `residual`, the output goes into it in place: residual += y (y rounded to the output dtype first, as
 the unfused ops round it). Each program reads and writes only its own columns, so no other program
