@@ -16,6 +16,7 @@ import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 _SESSION_SERVER: list = []  # [the session's TritonServer, the LogWatch of its log] while it serves
+_SERVER_ABORTS: list = []   # server_crash.Abort: each abort of the session server, for the summary
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -70,8 +71,8 @@ def repository(tmp_path) -> Path:
 def pytest_runtest_makereport(item, call):
     """A failed test shows its server's last log lines, whether the server exited or still runs (a
     request that timed out): CI keeps no log files. After each test, a fatal signal in the session server's
-    log since the last one fails that test with the aborting threads' stacks, and a fresh server serves the
-    rest (tests/server_crash.py says why)."""
+    log since the last one fails that test with the aborting threads' stacks, a fresh server serves the
+    rest, and pytest_runtest_protocol runs the test once more (tests/server_crash.py says why)."""
     report = (yield).get_result()
     if report.failed:
         for value in getattr(item, "funcargs", {}).values():
@@ -86,10 +87,27 @@ def pytest_runtest_makereport(item, call):
         if failure is not None:
             report.outcome = "failed"
             report.longrepr = f"during this test, the session's {failure}"
+            report.server_abort = failure
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test on the session server runs once more if the server aborted during it (server_crash.run_test)."""
+    if "triton_server" not in getattr(item, "fixturenames", ()):
+        return None
+    from server_crash import run_test
+
+    run_test(item, nextitem, _SERVER_ABORTS)
+    return True
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How many bad-input cases the property-based tests sent (tests/bad_input.py counts them)."""
+    """The session server's aborts, and how many bad-input cases the property-based tests sent
+    (tests/bad_input.py counts them)."""
+    if _SERVER_ABORTS:
+        from server_crash import summarize_aborts
+
+        summarize_aborts(terminalreporter, _SERVER_ABORTS)
     bad_input = sys.modules.get("bad_input")  # imported only by the tests that send bad input
     if bad_input is not None and bad_input.TRIED:
         TRIED = bad_input.TRIED

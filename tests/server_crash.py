@@ -4,15 +4,21 @@ Triton 2.51 aborts now and then on glibc's heap check (`malloc_consolidate(): un
 detected`, `double free or corruption`: server issues 7517 and 8841 report the same under load), and
 its signal handler then hangs while it prints a backtrace: the process lives on and answers nothing, so
 every later test against it fails by timeout. The session fixture (conftest.py) checks the log after each
-test: the test that saw the abort fails with the aborting threads' stacks (gdb, attached to the hung
-process and its stubs: where the corruption was found), and a fresh server serves the tests after it.
+test: the test that saw the abort gets the aborting threads' stacks (gdb, attached to the hung process and
+its stubs: where the corruption was found), a fresh server serves the tests after it, and the test runs
+once more on it. The abort is upstream's (docs/operations.md), so the second run's outcome is the test's;
+the terminal summary lists every abort with its stacks. Past MAX_RERUNS aborts in a session a test fails
+on the abort itself: a server that aborts that often is a fault to fix, not a race to wait out.
 """
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+
+from _pytest.runner import runtestprotocol
 
 # SIGINT (2) and SIGTERM (15) are stops, which the server logs the same way
 FATAL_SIGNAL = re.compile(rb"^Signal \((?!2\)|15\))\d+\) received\.", re.MULTILINE)
@@ -20,6 +26,14 @@ FATAL_SIGNAL = re.compile(rb"^Signal \((?!2\)|15\))\d+\) received\.", re.MULTILI
 ABORTING_FRAME = re.compile(
     r"\b(abort|raise|__libc_message|malloc_printerr|ErrorSignalHandler|__pthread_kill\w*)\b")
 GDB_TIMEOUT_S = 60
+MAX_RERUNS = 2  # aborts in one session that let their test run once more
+
+
+@dataclass(frozen=True)
+class Abort:
+    nodeid: str
+    failure: str  # what replace_if_aborted said: the signal lines, the log's tail, the stacks
+    reran: bool   # the test ran once more; False: it failed on this abort
 
 
 class LogWatch:
@@ -83,3 +97,29 @@ def replace_if_aborted(server, watch: LogWatch) -> str | None:
     watch.offset = server.log_path.stat().st_size  # the aborted server's last lines are skipped
     server.start()
     return failure
+
+
+def run_test(item, nextitem, aborts: list[Abort]) -> None:
+    """pytest's protocol for one test, run once more when a report of it carries `server_abort` (set by
+    conftest's report hook once the aborted server is replaced): only the last run's reports count, and
+    `aborts` keeps each abort for the summary. A test runs at most twice."""
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    while (failure := next((r.server_abort for r in reports if getattr(r, "server_abort", None)), None)):
+        rerun = sum(a.reran for a in aborts) < MAX_RERUNS and all(a.nodeid != item.nodeid for a in aborts)
+        aborts.append(Abort(item.nodeid, failure, rerun))
+        if not rerun:
+            break
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def summarize_aborts(terminalreporter, aborts: list[Abort]) -> None:
+    if not aborts:
+        return
+    terminalreporter.write_sep("=", f"the session server aborted {len(aborts)} time(s): docs/operations.md", red=True)
+    for abort in aborts:
+        then = "ran once more, on a fresh server" if abort.reran else "failed on it (no run left)"
+        terminalreporter.write_line(f"during {abort.nodeid}; the test {then}. {abort.failure}", red=True)
