@@ -37,7 +37,7 @@ def triton_server(tmp_path_factory):
     """The project's repositories plus the test fixtures' repository; every model loaded at start; the
     OpenAI frontend beside it (`openai_url`)."""
     from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
-    from server_crash import LogWatch
+    from ragstack.fatal_signal import LogWatch
     from server_helpers import FIXTURE_REPOSITORY, free_server_options
 
     options = free_server_options(openai=True, model_repositories=[*DEFAULT_REPOSITORIES, FIXTURE_REPOSITORY])

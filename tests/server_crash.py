@@ -20,8 +20,8 @@ from pathlib import Path
 
 from _pytest.runner import runtestprotocol
 
-# SIGINT (2) and SIGTERM (15) are stops, which the server logs the same way
-FATAL_SIGNAL = re.compile(rb"^Signal \((?!2\)|15\))\d+\) received\.", re.MULTILINE)
+from ragstack.fatal_signal import LogWatch
+
 # frames of a thread that is aborting or in Triton's signal handler
 ABORTING_FRAME = re.compile(
     r"\b(abort|raise|__libc_message|malloc_printerr|ErrorSignalHandler|__pthread_kill\w*)\b")
@@ -34,26 +34,6 @@ class Abort:
     nodeid: str
     failure: str  # what replace_if_aborted said: the signal lines, the log's tail, the stacks
     reran: bool   # the test ran once more; False: it failed on this abort
-
-
-class LogWatch:
-    """The fatal-signal lines a log gains after the point read last."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self.offset = 0
-
-    def new_fatal_lines(self) -> list[str]:
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(self.offset)
-                text = f.read()
-        except FileNotFoundError:
-            return []
-        # a line cut at the end is read again next time
-        end = text.rfind(b"\n") + 1
-        self.offset += end
-        return [m.group(0).decode() for m in FATAL_SIGNAL.finditer(text[:end])]
 
 
 def aborting_stacks(pid: int, dump: Path) -> str:

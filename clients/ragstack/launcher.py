@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragstack import admin_key
+from ragstack.fatal_signal import LogWatch
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.parent_death import dying_with_parent
@@ -214,6 +215,8 @@ class TritonServer:
         self.gateway_process: subprocess.Popen | None = None
         self.openai_process: subprocess.Popen | None = None
         self.triton_http_port = 0  # chosen at start
+        self._crash_watch: LogWatch | None = None  # the log's crash lines since this start
+        self.crash_lines: list[str] = []
 
     @property
     def http_url(self) -> str:
@@ -320,6 +323,8 @@ class TritonServer:
             compile_python_models(Path(repo))
         self.triton_http_port = free_port()
         cmd = self.command(install, backend_dir)
+        self.crash_lines = []
+        self._crash_watch = LogWatch(self.log_path, self.log_path.stat().st_size if self.log_path.exists() else 0)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 dying_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -354,7 +359,16 @@ class TritonServer:
                                 ("the OpenAI frontend", self.openai_process, self.openai_log_path)):
             if proc is not None and proc.poll() is not None:
                 return f"{name} exited with code {proc.returncode}; last log lines ({log}):\n{tail_log(log)}"
+        if self.crashed():
+            return (f"tritonserver logged {self.crash_lines}: it crashed, and its crash handler can hang there "
+                    f"(docs/operations.md); last log lines ({self.log_path}):\n{self.tail_log()}")
         return None
+
+    def crashed(self) -> bool:
+        """Whether the running server logged a crash (ragstack.fatal_signal) since it started."""
+        if self._crash_watch is not None:
+            self.crash_lines += self._crash_watch.new_fatal_lines()
+        return bool(self.crash_lines)
 
     def is_ready(self) -> bool:
         """Triton ready through the gateway, its metrics answering (Triton starts them last, after it says it
@@ -393,13 +407,15 @@ class TritonServer:
             for companion in beside:
                 _wait_or_kill(companion, self.options.exit_timeout_s + 15)
             return None
-        if proc.poll() is None:
+        # A crashed server may hang in its crash handler, deaf to SIGINT: it is killed below at once.
+        if proc.poll() is None and not self.crashed():
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGINT)
             _wait_or_kill(proc, self.options.exit_timeout_s + 15)
         # Python backend stubs left behind by a crashed server are in the same process group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        _wait_or_kill(proc, 15)
         for companion in beside:
             _wait_or_kill(companion, 15)
         # A server that exits cleanly removes its regions; a killed or aborted one leaves them in RAM.

@@ -6,6 +6,8 @@ are the flags of the "HTTP gateway limits" group. The OpenAI API (ragstack.opena
 from --openai-api-key-file or $RAGSTACK_OPENAI_API_KEY. With $RAGSTACK_ADMIN_KEY set, the repository API
 (and the other admin APIs, ragstack.admin_key) answers only requests carrying that key; without it
 they are open to whoever reaches the ports, which on the default loopback address is this machine only.
+If tritonserver, the gateway or the frontend exits, or tritonserver logs a crash (ragstack.fatal_signal),
+serve stops the rest and exits 1, for a supervisor to restart it.
 """
 from __future__ import annotations
 
@@ -98,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
         report = server.exit_report()
         if report is not None:
             print(f"[serve] unexpectedly, {report}", file=sys.stderr)
-            code = server.stop()
-            return code or 1
+            code = server.stop()  # a crashed server is killed at once: it may hang in its handler
+            return code if code and code > 0 else 1
     code = server.stop()
     print(f"[serve] stopped (exit code {code})", flush=True)
     return 0

@@ -145,3 +145,28 @@ def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
     np.testing.assert_array_equal(result["out"], data)
     assert "[serve] stopped" in rest
     assert_no_process_left(log.parent)
+
+
+def test_serve_kills_a_server_that_logged_a_crash_and_exits_1(tmp_path):
+    """Triton 2.51's crash handler can hang after its line (ragstack.fatal_signal): `ragstack serve` kills
+    the server at once, without a drain that the hung server would not hear, and exits 1 for its supervisor."""
+    opts = free_server_options()
+    cmd = [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
+           "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
+           "--metrics-port", str(opts.metrics_port), "--openai-port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[serve] ready" in line:
+            break
+    assert "[serve] ready" in "".join(lines), "".join(lines)
+    log = Path(next(line.split("log: ")[1].strip() for line in lines if "log: " in line))
+    crashed_at = log.stat().st_size
+    with open(log, "ab") as f:  # as Triton's handler logs it before it hangs
+        f.write(b"malloc_consolidate(): unaligned fastbin chunk detected\nSignal (6) received.\n")
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 1, rest
+    assert "[serve] unexpectedly, tritonserver logged ['Signal (6) received.']" in rest, rest
+    assert b"Signal (2) received." not in log.read_bytes()[crashed_at:], "it was asked to drain, not killed"
+    assert_no_process_left(log.parent)

@@ -94,6 +94,15 @@ def test_compose_serves_the_launchers_repositories_the_way_it_does(compose, tmp_
     assert all(v.endswith(":ro") for v in triton["volumes"] if v.startswith("./"))
 
 
+def test_triton_runs_under_the_crash_watch(compose):
+    """A crashed Triton 2.51 can hang, alive and deaf, and compose restarts only what exits: the watch kills it
+    (ragstack.triton_watch, tested in test_triton_watch.py) and `restart` brings a fresh one."""
+    triton = compose["services"]["triton"]
+    command = triton["command"]
+    assert command[:command.index("tritonserver")] == ["python3", "-m", "ragstack.triton_watch", "--"]
+    assert triton["restart"] == "unless-stopped" and triton["init"] is True  # tini passes SIGTERM on to the watch
+
+
 def test_every_referenced_path_exists(compose):
     triton = compose["services"]["triton"]
     assert (ROOT / triton["build"]["context"] / triton["build"]["dockerfile"]).is_file()
@@ -122,7 +131,7 @@ def test_prometheus_scrapes_triton_and_the_openai_frontend_on_their_metrics_port
     tests/server/test_deployment_files.py.)"""
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     targets = [target for job in prom["scrape_configs"] for config in job["static_configs"] for target in config["targets"]]
-    runs_triton = [name for name, service in compose["services"].items() if service.get("command", [""])[0] == "tritonserver"]
+    runs_triton = [name for name, service in compose["services"].items() if "tritonserver" in service.get("command", [])]
     assert targets == [f"{name}:{ServerOptions().metrics_port}" for name in runs_triton] + [
         f"openai:{openai_frontend.DEFAULT_PORT}"]
 

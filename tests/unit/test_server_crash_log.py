@@ -1,6 +1,14 @@
-"""tests/server_crash.py: the fatal-signal lines a server log gains (each reported once), and the aborting
-threads picked from gdb's stacks."""
-from server_crash import LogWatch, aborting_threads
+"""ragstack.fatal_signal: Triton's line for a crash, and the ones a server log gains (each reported once);
+tests/server_crash.py: the aborting threads picked from gdb's stacks."""
+from ragstack.fatal_signal import LogWatch, fatal_signal
+from server_crash import aborting_threads
+
+
+def test_a_crash_is_told_from_a_stop():
+    assert fatal_signal(b"Signal (11) received.\n") == 11
+    assert fatal_signal(b"Signal (6) received.") == 6
+    assert fatal_signal(b"Signal (2) received.\n") is None and fatal_signal(b"Signal (15) received.") is None
+    assert fatal_signal(b"I1206 model: Signal (11) received.") is None  # only Triton's own line, at its start
 
 
 def test_fatal_lines_are_reported_once_and_a_cut_line_is_read_again(tmp_path):
