@@ -39,8 +39,16 @@ def watch(command: list[str], grace_s: float, out=None) -> int:
     out = out or sys.stdout.buffer
     server = subprocess.Popen(dying_with_parent(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True)
-    for stop in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stop, lambda signum, _frame: server.send_signal(signum))
+    previous = {stop: signal.signal(stop, lambda signum, _frame: server.send_signal(signum))
+                for stop in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _watch(server, grace_s, out)
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+
+
+def _watch(server: subprocess.Popen, grace_s: float, out) -> int:
     crash = _relay(server.stdout, out)
     if crash is None:
         return _exit_code(server.wait())

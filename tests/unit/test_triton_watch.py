@@ -14,9 +14,11 @@ from ragstack.triton_watch import watch
 
 
 def test_output_and_exit_code_pass_through():
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     out = io.BytesIO()
     assert watch(["sh", "-c", "echo 'I1206 ready'; echo 'Signal (15) received.'; exit 3"], 5, out) == 3
     assert out.getvalue() == b"I1206 ready\nSignal (15) received.\n"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # the caller's, back
 
 
 def test_a_server_hung_after_a_crash_line_is_killed_with_its_group(tmp_path):
