@@ -114,12 +114,12 @@ def test_a_killed_server_leaves_no_shared_memory_and_starts_again_in_its_work_di
         server.stop()
 
 
-def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
-    """`ragstack serve` under SIGTERM: a request already running still gets its answer."""
-    opts = free_server_options()
+def start_serve(opts, *flags: str) -> tuple[subprocess.Popen, Path]:
+    """`ragstack serve` on the fixtures' repository and `opts`' ports, once it says it is ready; and its
+    server's log."""
     cmd = [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
            "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
-           "--metrics-port", str(opts.metrics_port), "--exit-timeout", "20"]
+           "--metrics-port", str(opts.metrics_port), *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:
@@ -128,6 +128,13 @@ def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
             break
     assert "[serve] ready" in "".join(lines), "".join(lines)
     log = Path(next(line.split("log: ")[1].strip() for line in lines if "log: " in line))
+    return proc, log
+
+
+def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
+    """`ragstack serve` under SIGTERM: a request already running still gets its answer."""
+    opts = free_server_options()
+    proc, log = start_serve(opts, "--exit-timeout", "20")
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{opts.http_port}", network_timeout=30)
     data = np.ones((1, 2), dtype=np.float32)
@@ -150,18 +157,7 @@ def test_serve_stops_on_sigterm_after_in_flight_request(tmp_path):
 def test_serve_kills_a_server_that_logged_a_crash_and_exits_1(tmp_path):
     """Triton 2.51's crash handler can hang after its line (ragstack.fatal_signal): `ragstack serve` kills
     the server at once, without a drain that the hung server would not hear, and exits 1 for its supervisor."""
-    opts = free_server_options()
-    cmd = [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
-           "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
-           "--metrics-port", str(opts.metrics_port), "--openai-port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "[serve] ready" in line:
-            break
-    assert "[serve] ready" in "".join(lines), "".join(lines)
-    log = Path(next(line.split("log: ")[1].strip() for line in lines if "log: " in line))
+    proc, log = start_serve(free_server_options(), "--models", "echo", "--openai-port", "0")
     crashed_at = log.stat().st_size
     with open(log, "ab") as f:  # as Triton's handler logs it before it hangs
         f.write(b"malloc_consolidate(): unaligned fastbin chunk detected\nSignal (6) received.\n")
