@@ -365,7 +365,7 @@ class TritonServer:
         return None
 
     def crashed(self) -> bool:
-        """Whether the running server logged a crash (ragstack.fatal_signal) since it started."""
+        """Whether the server logged a crash (ragstack.fatal_signal) since its last start."""
         if self._crash_watch is not None:
             self.crash_lines += self._crash_watch.new_fatal_lines()
         return bool(self.crash_lines)
