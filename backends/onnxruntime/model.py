@@ -16,6 +16,7 @@ serves the same configs natively, so this file follows what the native backend d
 Beyond the native backend, it refuses bad input with INVALID_ARG: requests breaking a graph's
 recorded input contract (token_inputs.py), and whatever ONNX Runtime itself calls an invalid argument.
 """
+import faulthandler
 import json
 from pathlib import Path
 
@@ -25,6 +26,9 @@ import triton_python_backend_utils as pb_utils
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 import token_inputs
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 SHRINK_ABOVE_ELEMENTS = 1024  # e.g. 16 texts of 64 tokens
 

@@ -17,6 +17,7 @@ Dense: FAISS inner product over unit vectors, `scores` the cosine. Hybrid: the d
 rankings of 1 / (rrf_k + rank of d); `scores` are those fused scores. Hybrid needs the query's text
 and an index built with its BM25 folder.
 """
+import faulthandler
 import json
 from pathlib import Path
 
@@ -25,6 +26,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ragstack import index_store
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 
 class TritonPythonModel:

@@ -14,12 +14,16 @@ outputs input_ids / attention_mask / token_type_ids [N, S] and `truncated` [N]. 
   pad_to_multiple_of  requests are padded to a multiple of this, so that requests of one bucket
                       have one shape and the dynamic batcher can merge them
 """
+import faulthandler
 import json
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 
 class TritonPythonModel:

@@ -17,6 +17,7 @@ restarts an engine that dies or hangs.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import json
 import os
@@ -36,6 +37,9 @@ from llm_request import (ABORT_KEY, INPUTS, OUTPUTS, InvalidRequest, LLMRequest,
                          parse_request)
 from response_instances import check_thread_engine, engine_share, instances_on_device
 from responses import ResponseBuilder
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # is_cancelled() is a round trip to the server process, as each response sent is: each open stream

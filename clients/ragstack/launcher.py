@@ -35,6 +35,7 @@ from ragstack.fatal_signal import LogWatch
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.parent_death import dying_with_parent
+from ragstack.stub_watch import StubWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORIES = (ROOT / "model_repository", ROOT / "ensembles")
@@ -176,6 +177,8 @@ class ServerOptions:
     openai_port: int = 0
     openai: FrontendLimits = field(default_factory=FrontendLimits)
     openai_api_key_file: Path | None = None   # else $RAGSTACK_OPENAI_API_KEY, if set (never a command line)
+    # How often ragstack.stub_watch looks for dead Python-backend stubs (and reloads their models); 0: never.
+    stub_watch_interval_s: float = 2.0
 
 
 def remove_shm_regions(prefix: str) -> None:
@@ -216,6 +219,7 @@ class TritonServer:
         self.openai_process: subprocess.Popen | None = None
         self.triton_http_port = 0  # chosen at start
         self._crash_watch: LogWatch | None = None  # the log's crash lines since this start
+        self.stub_watch: StubWatch | None = None  # running while the server is
         self.crash_lines: list[str] = []
 
     @property
@@ -335,10 +339,21 @@ class TritonServer:
             if self.options.openai_port:
                 self.openai_process = self._start_beside(self.openai_command(), self.openai_log_path)
             self.wait_ready()
+            if self.options.stub_watch_interval_s > 0:
+                self.stub_watch = StubWatch(self.process.pid, self.triton_http_url,
+                                            admin_key.headers("http", self.options.admin_key),
+                                            self.options.stub_watch_interval_s, log=self._log_line).start()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _log_line(self, line: str) -> None:
+        """Into the server's log, beside Triton's own lines (and the dead stub's faulthandler dump), and to
+        stderr."""
+        print(line, file=sys.stderr, flush=True)
+        with open(self.log_path, "a") as log:
+            log.write(line + "\n")
 
     def _start_beside(self, command: list[str], log_path: Path) -> subprocess.Popen:
         """The gateway or the OpenAI frontend. The admin key goes in its environment, not on its command
@@ -397,6 +412,9 @@ class TritonServer:
         """SIGINT lets in-flight requests finish (up to exit_timeout_s); then the group is killed. The
         gateway and the OpenAI frontend, sent SIGTERM first, stop listening and relay those requests'
         answers until Triton exits."""
+        if self.stub_watch is not None:  # first: the stubs an unload ends are no deaths
+            self.stub_watch.stop()
+            self.stub_watch = None
         beside = [self.gateway_process, self.openai_process]
         self.gateway_process = self.openai_process = None
         for companion in beside:

@@ -8,12 +8,15 @@ and in the stub alike, so the figure is an upper bound, fit for before/after com
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 try:
     import psutil
 except ImportError:  # optional: /proc is enough on Linux
     psutil = None
+
+STUB_BINARY = "triton_python_backend_stub"
 
 
 def descendants(pid: int) -> list[int]:
@@ -68,11 +71,29 @@ def tree_rss_bytes(pid: int) -> int:
     return sum(rss_bytes(p) for p in [pid, *descendants(pid)])
 
 
+@dataclass(frozen=True)
+class Stub:
+    model: str
+    version: str
+    instance: str  # Triton's instance name: <model>_<group index>_<index in group>
+
+
+def server_stubs(server_pid: int) -> dict[int, Stub]:
+    """The server's live Python backend stubs by pid. A stub's command line is `triton_python_backend_stub
+    <model dir>/<version>/<file> <shm region> <size> <growth> <server pid> <backend dir> <ipc handle>
+    <instance name> ...`."""
+    found = {}
+    for pid in descendants(server_pid):
+        args = cmdline(pid)  # empty for a zombie: a dead stub that Triton has not reaped
+        if len(args) > 8 and args[0].endswith(STUB_BINARY):
+            path = Path(args[1])
+            found[pid] = Stub(path.parent.parent.name, path.parent.name, args[8])
+    return found
+
+
 def stub_pids(server_pid: int, instance: str) -> list[int]:
-    """The live Python backend stubs of one model instance (e.g. `llm_0_0`): the stub's command line
-    names the instance."""
-    return [p for p in descendants(server_pid)
-            if instance in cmdline(p) and any(a.endswith("triton_python_backend_stub") for a in cmdline(p))]
+    """The live stubs of one model instance (e.g. `llm_0_0`)."""
+    return [pid for pid, stub in server_stubs(server_pid).items() if stub.instance == instance]
 
 
 def module_pids(root_pid: int, module: str) -> list[int]:

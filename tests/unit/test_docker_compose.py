@@ -101,6 +101,9 @@ def test_triton_runs_under_the_crash_watch(compose):
     command = triton["command"]
     assert command[:command.index("tritonserver")] == ["python3", "-m", "ragstack.triton_watch", "--"]
     assert triton["restart"] == "unless-stopped" and triton["init"] is True  # tini passes SIGTERM on to the watch
+    # its stub watch reloads a model whose stub died, through the repository API that the key guards
+    assert triton["environment"]["RAGSTACK_ADMIN_KEY"] == "${RAGSTACK_ADMIN_KEY:?set RAGSTACK_ADMIN_KEY}"
+    assert "--http-port" not in " ".join(command)  # the watch reaches Triton's HTTP on its default, 8000
 
 
 def test_every_referenced_path_exists(compose):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from ragstack.triton_watch import watch
+from ragstack.triton_watch import http_url, watch
 
 
 def test_output_and_exit_code_pass_through():
@@ -53,3 +53,9 @@ def test_a_missing_command_is_refused():
     proc = subprocess.run([sys.executable, "-m", "ragstack.triton_watch", "--grace-s", "3"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "the server's command is missing" in proc.stderr
+
+
+def test_the_stub_watch_finds_tritons_own_http_port_in_its_flags():
+    assert http_url(["tritonserver", "--model-repository=/m"]) == "127.0.0.1:8000"
+    assert http_url(["tritonserver", "--http-port=8080", "--http-address=0.0.0.0"]) == "127.0.0.1:8080"
+    assert http_url(["tritonserver", "--http-port", "9999", "--http-address", "10.0.0.2"]) == "10.0.0.2:9999"

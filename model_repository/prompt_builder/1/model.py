@@ -11,6 +11,7 @@ The llm's max_model_len and tokenizer are read from its repository files (config
 engine.json of the served version: backends/triton_llm/engine_settings.py, the code the llm itself runs):
 the newest version Triton reports ready, else the newest version folder; re-checked once a second.
 """
+import faulthandler
 import importlib.util
 import json
 import sys
@@ -22,6 +23,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ragstack.prompt_budget import Candidate, PromptBudget, PromptTooLong, effective_max_tokens
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 
 class _LLMUnknown(Exception):

@@ -28,6 +28,7 @@ responses stay in that one thread, as in the Python backend's own BLS examples.
 answer_format "json" (structured_answer.py) asks the llm for {"answer", "citations"} under a JSON
 schema whose citations can only be the numbers of the sources given, and checks the complete answer.
 """
+import faulthandler
 import json
 import threading
 import time
@@ -37,6 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import structured_answer
 import triton_python_backend_utils as pb_utils
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The llm's control parameters (backends/triton_llm/llm_request.py: CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND).

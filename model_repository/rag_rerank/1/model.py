@@ -11,11 +11,15 @@ ensemble cannot choose a step at request time. The served version is the newest 
 version folders that Triton reports ready; its export.json (scripts/export_onnx.py) tells its kind
 and source model. A version without one, or loaded from elsewhere, goes through `rerank`.
 """
+import faulthandler
 import json
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+# Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
+faulthandler.enable()
 
 
 class TritonPythonModel:
