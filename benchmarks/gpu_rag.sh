@@ -14,6 +14,7 @@
 #    configs, Triton started with --model-config-name=gpu (the llm's 8 instances), rag at concurrency 1, 16, 64
 #    (32, 96, 192 queries, 128-token answers), each followed by the llm alone with the same prompts; the
 #    per-step breakdown from the server's metrics; the target (rag TTFT p50 <= llm alone + 15 ms at c=1).
+#    CONCURRENCY and REQUESTS (1,16,64 and 32,96,192) set the levels.
 # Each step has its own time limit within the 500 s budget; a step that fails or times out is reported.
 # $OUT (else /tmp/rag_gpu_out) gets: steps.log, rag_gpu.log (the bench's output and table), rag_gpu.jsonl (the
 # record to append to benchmarks/results/), rag_gpu.json (every row with its step breakdown), tritonserver.log
@@ -77,7 +78,8 @@ else
     step make_model "$LOGS" 90 "$IMAGE_PY" -m benchmarks.make_random_model --shape llama3-8b --out "$MODEL"
     [ -f "$MODEL/config.json" ] || step make_model_venv "$LOGS" 90 python3 -m benchmarks.make_random_model \
         --shape llama3-8b --out "$MODEL"
-    BENCH=(--llm-config gpu --concurrency 1,16,64 --requests 32,96,192 --max-tokens 128 --warmup 16)
+    BENCH=(--llm-config gpu --concurrency "${CONCURRENCY:-1,16,64}" --requests "${REQUESTS:-32,96,192}" --max-tokens 128
+           --warmup 16)
 fi
 left=$((BUDGET_S - ($(date +%s) - START)))
 step rag_gpu "$OUT" "$left" python3 -m benchmarks.bench_rag_gpu --model "$MODEL" --artifacts "$ART" "${BENCH[@]}" \
