@@ -17,7 +17,7 @@ products summed along K only after the loop), and computes x' on the way:
 With `swiglu` the SwiGLU gate goes after the projection instead: weight = [gate rows; up rows] and the output is
 silu(gate) * up, half as wide. The MLP's gate_up projection ends with it, so the down projection reads the
 activation instead of recomputing it from [gate | up] in every one of its programs (its single-row loop on sm_90
-under h200.json: 3.36 instead of 5.50 instructions per FP8 weight, `python -m benchmarks.kernel_report --kernel
+under h200.json: 3.72 instead of 8.03 instructions per FP8 weight, `python -m benchmarks.kernel_report --kernel
 skinny`). Each program's tile interleaves gate and up rows, column c's gate beside its up.
 
 Each program loads its first weight tile before anything that depends on the previous kernel (x, the
