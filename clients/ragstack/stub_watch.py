@@ -10,13 +10,15 @@ has it died: the model is reloaded with its current config passed back as an ove
 takes as a change, so new instances start while the live ones drain (no request is refused meanwhile).
 Where Triton takes it for none (the same override as the last time), the model is unloaded and loaded:
 refused for those moments. A stub leaving by an unload, or by a reload that drops the instance, is not a
-death.
+death. A model reloaded `max_reloads` times within `window_s` is left as it is after its next death: a
+stub that dies each time it serves would otherwise be reloaded forever.
 """
 from __future__ import annotations
 
 import json
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -36,13 +38,15 @@ class StubWatch:
     """Watches one tritonserver's stubs from a daemon thread; `reloads` lists what it did."""
 
     def __init__(self, server_pid: int, triton_http_url: str, headers: dict[str, str] | None = None,
-                 interval_s: float = 2.0, log=None):
+                 interval_s: float = 2.0, log=None, max_reloads: int = 3, window_s: float = 600.0):
         self.server_pid = server_pid
         self.base = f"http://{triton_http_url}/v2"
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.interval_s = interval_s
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.reloads: list[str] = []  # one line per dead stub and what became of its model
+        self.max_reloads, self.window_s = max_reloads, window_s
+        self._reloaded_at: dict[str, list[float]] = {}
         self._known: dict[Stub, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,7 +70,8 @@ class StubWatch:
                 self.log(f"ragstack stub watch: {error}")
 
     def check(self) -> list[str]:
-        """One look: reloads the models whose stubs died since the last; returns their names."""
+        """One look: reloads the models whose stubs died since the last; returns their names (those left as
+        they are after too many reloads too)."""
         running = self._running()
         gone = [stub for stub, pid in self._known.items() if running.get(stub) is None]
         self._known = running
@@ -88,6 +93,14 @@ class StubWatch:
         return {stub: pid for pid, stub in server_stubs(self.server_pid).items()}
 
     def _reload(self, model: str, config: dict, dead: list[str]) -> None:
+        now = time.monotonic()
+        recent = [t for t in self._reloaded_at.get(model, []) if now - t < self.window_s]
+        self._reloaded_at[model] = recent + [now]
+        if len(recent) >= self.max_reloads:
+            self._report(dead, model, f"left as it is: reloaded {len(recent)} times in the last "
+                                      f"{self.window_s / 60:g} min, its stubs keep dying; unload and load it by "
+                                      "hand once the cause is found")
+            return
         try:
             self._post(f"/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
             outcome = "reloaded"
@@ -99,6 +112,9 @@ class StubWatch:
                 outcome = "unloaded and loaded"
         except (urllib.error.URLError, OSError) as error:
             outcome = f"its reload failed: {_reason(error)}; unload and load it by hand"
+        self._report(dead, model, outcome)
+
+    def _report(self, dead: list[str], model: str, outcome: str) -> None:
         line = (f"ragstack stub watch: the stub of {', '.join(dead)} died (Triton 2.51 does not restart it); "
                 f"model {model!r} {outcome}")
         self.reloads.append(line)
