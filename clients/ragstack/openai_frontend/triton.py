@@ -1,6 +1,7 @@
 """Triton over gRPC, as the frontend needs it: one request on a stream of its own (decoupled models; the
 messages written and read by triton_wire.py), and through tritonclient.grpc.aio unary inference, model
-configs (cached), the repository index, load and unload.
+configs (cached, and fetched again in the background while requests ask for them), the repository index,
+load and unload.
 
 One channel serves every stream, another (tritonclient's) the rest. A stream whose consumer stops early
 is cancelled, which makes Triton cancel the request (the llm frees its KV blocks). Every failure is an
@@ -26,6 +27,10 @@ from ragstack.openai_frontend import triton_wire
 from ragstack.openai_frontend.errors import APIError, from_triton, unreachable
 
 CONFIG_CACHE_S = 5.0   # a model loaded or unloaded is seen within this
+# The configs of models served in the last KEEP_FRESH_S are fetched again every REFRESH_S in the background:
+# a fetch is a round trip (~2 ms here) that a request would otherwise wait for, once its worker had been
+# idle for CONFIG_CACHE_S (at one stream over 4 workers, most requests).
+REFRESH_S, KEEP_FRESH_S = CONFIG_CACHE_S / 2, 300.0
 
 
 def tensors_of(inputs: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
@@ -72,6 +77,8 @@ class Triton:
         self._stream_infer = service_pb2_grpc.GRPCInferenceServiceStub(self._streams).ModelStreamInfer
         self._admin = admin_key.headers("grpc", key)
         self._configs: dict[str, tuple[float, dict | None]] = {}
+        self._served: dict[str, float] = {}  # model -> when a request last asked for its config, if it has one
+        self._refresher: asyncio.Task | None = None
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], parameters: dict | None = None,
                      params: dict[str, str] | None = None) -> AsyncIterator[dict[str, np.ndarray]]:
@@ -117,11 +124,19 @@ class Triton:
         return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
 
     async def config(self, model: str) -> dict | None:
-        """The model's config as JSON, None when it is not loaded (cached CONFIG_CACHE_S)."""
+        """The model's config as JSON, None when it is not loaded (cached CONFIG_CACHE_S; refreshed in the
+        background while the model is asked for)."""
         now = time.monotonic()
         cached = self._configs.get(model)
-        if cached and now - cached[0] < CONFIG_CACHE_S:
-            return cached[1]
+        config = cached[1] if cached and now - cached[0] < CONFIG_CACHE_S else await self._fetch_config(model)
+        if config is not None:
+            self._served[model] = now
+            if self._refresher is None or self._refresher.done():
+                self._refresher = asyncio.get_running_loop().create_task(self._keep_fresh())
+        return config
+
+    async def _fetch_config(self, model: str) -> dict | None:
+        now = time.monotonic()
         try:
             config = (await self._client.get_model_config(model, as_json=True))["config"]
         except InferenceServerException as exc:
@@ -132,6 +147,21 @@ class Triton:
             self._configs.clear()
         self._configs[model] = (now, config)
         return config
+
+    async def _keep_fresh(self) -> None:
+        """Until no model has been asked for in KEEP_FRESH_S (the next request starts it again)."""
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            now = time.monotonic()
+            self._served = {m: t for m, t in self._served.items() if now - t < KEEP_FRESH_S}
+            if not self._served:
+                return
+            for model in list(self._served):
+                try:
+                    if await self._fetch_config(model) is None:
+                        self._served.pop(model, None)  # unloaded: not served until asked for again
+                except APIError:  # Triton away for now: requests fetch for themselves meanwhile
+                    self._configs.pop(model, None)
 
     async def llms_behind(self, model: str, depth: int = 3) -> list[str]:
         """The llm models (backend triton_llm) that `model` runs: itself, its ensemble's steps, or the
@@ -176,6 +206,8 @@ class Triton:
             return False
 
     async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
         await self._streams.close()
         await self._client.close()
 
