@@ -47,7 +47,7 @@ class StubWatch:
         self.reloads: list[str] = []  # one line per dead stub and what became of its model
         self.max_reloads, self.window_s = max_reloads, window_s
         self._reloaded_at: dict[str, list[float]] = {}
-        self._known: dict[Stub, int] = {}
+        self._known: set[Stub] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,7 +73,7 @@ class StubWatch:
         """One look: reloads the models whose stubs died since the last; returns their names (those left as
         they are after too many reloads too)."""
         running = self._running()
-        gone = [stub for stub, pid in self._known.items() if running.get(stub) is None]
+        gone = self._known - running
         self._known = running
         if not gone:
             return []
@@ -89,8 +89,8 @@ class StubWatch:
                 self._reload(model, config, dead)
         return reloaded
 
-    def _running(self) -> dict[Stub, int]:
-        return {stub: pid for pid, stub in server_stubs(self.server_pid).items()}
+    def _running(self) -> set[Stub]:
+        return set(server_stubs(self.server_pid).values())
 
     def _reload(self, model: str, config: dict, dead: list[str]) -> None:
         now = time.monotonic()
@@ -104,7 +104,7 @@ class StubWatch:
         try:
             self._post(f"/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
             outcome = "reloaded"
-            if not self._running_instances(model) >= set(dead):
+            if not {stub.instance for stub in self._running() if stub.model == model} >= set(dead):
                 # Triton took the override for no change (the same override as the last reload's): the
                 # model goes away for a moment instead
                 self._post(f"/repository/models/{model}/unload", {})
@@ -119,9 +119,6 @@ class StubWatch:
                 f"model {model!r} {outcome}")
         self.reloads.append(line)
         self.log(line)
-
-    def _running_instances(self, model: str) -> set[str]:
-        return {stub.instance for stub in server_stubs(self.server_pid).values() if stub.model == model}
 
     def _get(self, path: str):
         request = urllib.request.Request(self.base + path, headers=self.headers)
