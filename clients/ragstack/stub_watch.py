@@ -5,8 +5,8 @@ with INTERNAL `Stub process '<instance>' is not healthy` until the model is load
 death itself is not logged (a SIGSEGV or SIGKILL leaves no line; the project's models enable
 faulthandler, so a segfault at least prints their Python stacks). A watch thread beside the server
 (`StubWatch`, which the launcher and triton_watch start) lists the server's stubs from /proc every `interval_s`. An
-instance that was running and is gone while its model version is still READY and its current config still
-has it died: the model is reloaded with its current config passed back as an override, which Triton
+instance that was running and is gone while its model version stays READY over two looks and its current
+config still has it died: the model is reloaded with its current config passed back as an override, which Triton
 takes as a change, so new instances start while the live ones drain (no request is refused meanwhile).
 Where Triton takes it for none (the same override as the last time), the model is unloaded and loaded:
 refused for those moments. A stub leaving by an unload, or by a reload that drops the instance, is not a
@@ -48,6 +48,7 @@ class StubWatch:
         self.max_reloads, self.window_s = max_reloads, window_s
         self._reloaded_at: dict[str, list[float]] = {}
         self._known: set[Stub] = set()
+        self._suspects: set[Stub] = set()  # gone with their version READY at the last look
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,16 +74,21 @@ class StubWatch:
         """One look: reloads the models whose stubs died since the last; returns their names (those left as
         they are after too many reloads too)."""
         running = self._running()
-        gone = self._known - running
+        gone = (self._known | self._suspects) - running
         self._known = running
         if not gone:
+            self._suspects = set()
             return []
         ready = {(m["name"], m.get("version", "")) for m in self._post("/repository/index", {})
                  if m.get("state") == "READY"}
+        # An unload ends a stub a moment before Triton marks its version unloaded: a death is a stub gone
+        # while its version stays READY over two looks.
+        suspects = {stub for stub in gone if (stub.model, stub.version) in ready}
+        confirmed, self._suspects = suspects & self._suspects, suspects - self._suspects
         reloaded = []
-        for model in sorted({stub.model for stub in gone if (stub.model, stub.version) in ready}):
+        for model in sorted({stub.model for stub in confirmed}):
             config = self._get(f"/models/{model}/config")
-            dead = sorted(stub.instance for stub in gone if stub.model == model
+            dead = sorted(stub.instance for stub in confirmed if stub.model == model
                           and stub.instance in instance_names(config))
             if dead and not self._stop.is_set():
                 reloaded.append(model)

@@ -39,8 +39,13 @@ def test_a_model_whose_stubs_keep_dying_is_reloaded_at_most_max_reloads_times(mo
     monkeypatch.setattr(watch, "_post", post)
     monkeypatch.setattr(watch, "_get", lambda _path: {"name": "retriever", "instance_group": [{"count": 1}]})
     assert watch.check() == []  # the first look: the stub runs
+    alive.clear()
+    assert watch.check() == []  # gone: unloading, say
+    alive[101] = stub
+    assert watch.check() == []  # back (a reload's new stub), not a death
     for _ in range(3):
         alive.clear()
+        assert watch.check() == []  # gone, its version READY: a death only if it stays so at the next look
         assert watch.check() == ["retriever"]
         assert watch.check() == []  # the next look: the reloaded stub runs (none, once left as it is)
     assert [line.rsplit("'retriever' ", 1)[1].split(":")[0] for line in watch.reloads] == \
