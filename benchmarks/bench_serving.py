@@ -2,7 +2,8 @@
 model), through the engine in-process (AsyncLLMEngine) and, with --baseline hf, through the same
 server running HF generate() in a plain Python model (benchmarks/serving_baselines/hf_generate), side
 by side in one run. With --api openai: through the OpenAI frontend (streamed completions; --openai-workers
-N frontend processes) and to Triton's gRPC directly, on the same server, at each concurrency. The
+N frontend processes) and to Triton's gRPC directly, on the same server, at each concurrency, in --rounds
+rounds taking turns (a drift of the server over a level falls on both alike). The
 frontend's events are read by a lean client (sse_client.py), as vLLM's serving benchmark reads them: the
 official openai SDK spends ~1 ms of CPU on a request and ~0.1 ms on a chunk (bench_openai_frontend.py
 --what client), which would be timed as the frontend's. Every served system's streams are shared out among
@@ -27,8 +28,8 @@ whole request), the engine's share of its TTFT, and the prompt tokens it prefill
 served some, or preempted sequences were recomputed) with its preemptions.
 
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64 --baseline hf
-    python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 200 --concurrency 1,16,64,256 --api openai \
-        --openai-workers 4
+    python -m benchmarks.bench_serving --model /tmp/llama3-8b --num-requests 32,96,192,384 --concurrency 1,16,64,256 \
+        --api openai --openai-workers 4 --rounds 8,2,1,1
     python -m benchmarks.bench_serving --model /tmp/llama3-8b --concurrency 1,16,64,256 --instances 1,4,8
 """
 from __future__ import annotations
@@ -62,6 +63,8 @@ TARGET_SPEEDUP = 2.6  # issue 7: the published vLLM-over-Triton-PyTorch throughp
 # Issue 24: through Triton against in-process, same run.
 TARGET_TOK_S_SHARE = 0.98
 TARGET_LATENCY_RATIO, TARGET_LATENCY_SLACK_MS = 1.15, 2.0
+# Issue 22: through the OpenAI frontend against gRPC directly, same server.
+TARGET_OPENAI_TOK_S_SHARE, TARGET_OPENAI_TTFT_SLACK_MS = 0.95, 5.0
 
 
 # The llm's engine counters per level: prefill tokens computed (cache hits not), prompt tokens of finished
@@ -298,14 +301,37 @@ def write_hf_baseline(dest: Path, model: str, max_batch_size: int) -> None:
     shutil.copy(HF_BASELINE / "model.py", folder / "1" / "model.py")
 
 
+def in_turns(systems: list[tuple[str, str, list]], rounds: int, run, snapshot) -> dict[str, tuple[list, float, dict]]:
+    """Each system (name, api, requests) runs its requests in `rounds` rounds, every k-th request in round k,
+    the systems taking turns: in the given order in even rounds, reversed in odd ones. `run(api, requests)`
+    returns (results, seconds); `snapshot()` the server's counters, read before the first run and after
+    each. Returns per name: its results, the seconds of its own runs, and the counters' growth over them."""
+    pooled = {name: ([], 0.0, {}) for name, _, _ in systems}
+    last = snapshot()
+    for k in range(rounds):
+        for name, api, requests in systems if k % 2 == 0 else systems[::-1]:
+            results, elapsed = run(api, requests[k::rounds])
+            now = snapshot()
+            done, seconds, counters = pooled[name]
+            for key in now.keys() | last.keys():
+                counters[key] = counters.get(key, 0.0) + now.get(key, 0.0) - last.get(key, 0.0)
+            pooled[name] = (done + results, seconds + elapsed, counters)
+            last = now
+    return pooled
+
+
 def serve(write, model: str, system: str, levels: list[int], level_requests: list[list],
           batched: bool = False, openai: tuple[list, list[list]] | None = None, openai_system: str = OPENAI_SYSTEM,
-          openai_workers: int = 1, client_processes: int = 1) -> list[dict]:
+          openai_workers: int = 1, client_processes: int = 1, rounds: list[int] | None = None) -> list[dict]:
     """A server on a fresh repository that `write(dest)` fills with `model`: at each concurrency its
     level's requests, then stop. `openai` (the warm-up's requests and each level's): the server's OpenAI
-    frontend too (with `openai_workers` processes), each concurrency's requests through it right after
-    gRPC's (requests of their own, serving_requests.py). Every system's requests are sent from
-    `client_processes` processes (spread), so that one client's event loop is not what is measured."""
+    frontend too (with `openai_workers` processes), on requests of its own (serving_requests.py). `rounds`
+    (one per level, default 1): each system's requests of a level are sent in this many rounds, every k-th
+    request in round k, the systems taking turns (gRPC first in even rounds, the frontend first in odd ones),
+    so that a drift of the server over a level (its clocks, its caches, other work on the host) falls on
+    both alike; a system's row pools its rounds (tok/s: its tokens over the seconds of its own rounds).
+    Every system's requests are sent from `client_processes` processes (spread), so that one client's event
+    loop is not what is measured."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -335,26 +361,22 @@ def serve(write, model: str, system: str, levels: list[int], level_requests: lis
                 time.sleep(METRICS_REFRESH_S)  # the engine's counters and the observed latencies have caught up
                 return rag_bench.scrape(server.metrics_url, (*rag_bench.COUNTERS, *ENGINE_COUNTERS))
 
-            def measured(name: str, c: int, run) -> None:
-                before = scrape()
-                results, elapsed = run()
-                after = scrape()
-                engine = [after.get((counter, model), 0.0) - before.get((counter, model), 0.0)
-                          for counter in ENGINE_COUNTERS]
-                rows.append(summarize(name, c, results, elapsed, rag_bench.breakdown(before, after).get(model),
-                                      engine))
-                print(rows[-1], flush=True)
+            def run(api: str, requests: list, c: int):
+                if pool is None:
+                    return asyncio.run(run_triton(server.grpc_url, requests, c, model, batched))
+                url = server.openai_url if api == "openai" else server.grpc_url
+                return spread(pool, client_processes, api, url, requests, c, model, batched)
 
             for i, (c, requests) in enumerate(zip(levels, level_requests)):
-                if pool is not None:
-                    measured(system, c, lambda: spread(pool, client_processes, "triton", server.grpc_url, requests,
-                                                       c, model, batched))
-                else:
-                    measured(system, c, lambda: asyncio.run(run_triton(server.grpc_url, requests, c, model,
-                                                                       batched)))
+                systems = [(system, "triton", requests)]
                 if openai is not None:
-                    measured(openai_system, c, lambda: spread(pool, client_processes, "openai", server.openai_url,
-                                                              openai[1][i], c, model))
+                    systems.append((openai_system, "openai", openai[1][i]))
+                pooled = in_turns(systems, rounds[i] if rounds else 1, lambda api, reqs: run(api, reqs, c), scrape)
+                for name, (results, elapsed, counters) in pooled.items():
+                    engine = [counters.get((counter, model), 0.0) for counter in ENGINE_COUNTERS]
+                    rows.append(summarize(name, c, results, elapsed, rag_bench.breakdown({}, counters).get(model),
+                                          engine))
+                    print(rows[-1], flush=True)
     return rows
 
 
@@ -373,9 +395,14 @@ def comparison(rows: list[dict], c: int) -> str:
         for t in tritons:
             o = row[t.replace("triton", OPENAI_SYSTEM, 1)]
             t = row[t]
-            parts.append(f"c={c}: through the {o['system']} {100 * o['tok_s'] / t['tok_s']:.0f}% of gRPC's tok/s, "
-                         f"TTFT p50 {o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms, p99 {o['ttft_p99_ms']:,.1f} "
-                         f"vs {t['ttft_p99_ms']:,.1f} ms")
+            share = o["tok_s"] / t["tok_s"]
+            missed = [] if share >= TARGET_OPENAI_TOK_S_SHARE else ["tok/s"]
+            missed += [] if o["ttft_p50_ms"] <= t["ttft_p50_ms"] + TARGET_OPENAI_TTFT_SLACK_MS else ["TTFT p50"]
+            parts.append(f"c={c}: through the {o['system']} {100 * share:.0f}% of gRPC's tok/s, "
+                         f"TTFT p50 {o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms "
+                         f"({o['ttft_p50_ms'] - t['ttft_p50_ms']:+,.1f}), p99 {o['ttft_p99_ms']:,.1f} "
+                         f"vs {t['ttft_p99_ms']:,.1f} ms (issue 22 targets: "
+                         f"{'met' if not missed else 'MISSED ' + ', '.join(missed)})")
         return "; ".join(parts)
     p, hf = row["in-process"], row.get(HF_SYSTEM)
     parts = []
@@ -427,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="openai: the OpenAI frontend against gRPC directly, on one server (no in-process run)")
     parser.add_argument("--openai-workers", type=int, default=1,
                         help="with --api openai: the frontend's worker processes (ragstack serve --openai-workers)")
+    parser.add_argument("--rounds", default="1",
+                        help="with --api openai: each level's requests in this many rounds, gRPC and the frontend "
+                             "taking turns (one count, or one per --concurrency level; default 1)")
     parser.add_argument("--client-processes", type=int, default=4,
                         help="client processes sending each served system's requests, the streams shared out among "
                              "them, so that one client's event loop (parsing each response) is not what is measured "
@@ -457,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = json.loads(args.engine)
     levels = [int(c) for c in args.concurrency.split(",")]
     counts = per_level(parser, "--num-requests", args.num_requests, levels)
+    rounds = per_level(parser, "--rounds", args.rounds, levels)
+    if args.api != "openai" and max(rounds) > 1:
+        parser.error("--rounds takes turns between gRPC and the OpenAI frontend: give it with --api openai")
+    if any(r > n for r, n in zip(rounds, counts)):
+        parser.error(f"--rounds {args.rounds!r}: at most one round per request of the level ({args.num_requests})")
     baseline_counts = (counts if args.baseline_requests is None
                        else per_level(parser, "--baseline-requests", args.baseline_requests, levels))
     tokenizer = Tokenizer(args.model)
@@ -479,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += serve(lambda dest, k=k: write_repository(dest, args.model, served, k), "llm", triton_system(k),
                       levels, level_requests, openai=openai,
                       openai_system=triton_system(k).replace("triton", OPENAI_SYSTEM, 1),
-                      openai_workers=args.openai_workers, client_processes=args.client_processes)
+                      openai_workers=args.openai_workers, client_processes=args.client_processes, rounds=rounds)
     if args.baseline:
         batch_size = args.baseline_batch_size or max(levels)
         rows += serve(lambda dest: write_hf_baseline(dest, args.model, batch_size), "hf_generate",
