@@ -8,7 +8,7 @@
 # 1. the Llama-3-8B-shaped random checkpoint /tmp/l8b (make_random_model.py, ~30 s; kept if there);
 # 2. bench_serving: the llm with 8 instances through Triton against the same requests in-process, at
 #    concurrency 1, 16, 64, 256 (issue 24's targets, checked in its notes);
-# 3. bench_serving --api openai --openai-workers 4: the OpenAI frontend against Triton's gRPC on one server,
+# 3. bench_serving --api openai --openai-workers 4 (OPENAI_WORKERS): the OpenAI frontend against Triton's gRPC on one server,
 #    taking turns in rounds (issue 22's targets; OPENAI_REQUESTS 32,96,192,384 and ROUNDS 8,2,1,1 per level:
 #    at one stream, 4 requests of each system per round). SERVING_ONLY=1 leaves it out, OPENAI_ONLY=1 step 2.
 # CONCURRENCY and NUM_REQUESTS (1,16,64,256 and 4,96,192,384) set the levels, ENGINE (JSON) the engine,
@@ -85,7 +85,8 @@ fi
 OPENAI_LEVELS=(--concurrency "${CONCURRENCY:-1,16,64,256}" --num-requests "${OPENAI_REQUESTS:-32,96,192,384}"
                --rounds "${ROUNDS:-8,2,1,1}" "${LEVELS[@]:4}")
 [ "${SERVING_ONLY:-0}" = 1 ] || step openai "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" \
-    "${OPENAI_LEVELS[@]}" --instances "${INSTANCES:-8}" --api openai --openai-workers 4 --record "$OUT/openai.jsonl"
+    "${OPENAI_LEVELS[@]}" --instances "${INSTANCES:-8}" --api openai --openai-workers "${OPENAI_WORKERS:-4}" \
+    --record "$OUT/openai.jsonl"
 
 for name in serving openai; do
     echo "===== $name"; grep -E "^\||target|within|ratio" "$OUT/$name.log" 2>/dev/null | cut -c1-260
