@@ -39,6 +39,7 @@ to take).
     python -m benchmarks.bench_kernels --sweep --cases decode,decode_32k   # best launch configs
     python -m benchmarks.bench_kernels --smoke                              # CPU interpreter, checks only
     python -m benchmarks.bench_kernels --cases fp8_gemm,layer_small_batch_fp8 --sweep  # FP8 weights
+    python -m benchmarks.bench_kernels --cases fp8_gemm --fp8-rows 256 --sweep  # one row bucket's tiles
     ncu --clock-control none -k regex:_decode_split_kernel --set full -o /tmp/decode \
         python -m benchmarks.bench_kernels --cases decode_serving --launches 1  # each kernel under a profiler
 """
@@ -53,7 +54,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -829,6 +830,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30, help="timed replays per case, >= 20")
     parser.add_argument("--sweep", action="store_true",
                         help="also try launch configs (launch_configs/*.json keys, decode num_splits)")
+    parser.add_argument("--fp8-rows", help="the fp8_gemm case's row counts, comma-separated (default: "
+                        f"{','.join(map(str, Sizes.fp8_gemm_rows))}), e.g. 256 to sweep one bucket's tiles")
     parser.add_argument("--json", type=Path, help="write the rows, limits and sweep results here")
     record.add_argument(parser, "kernels")
     parser.add_argument("--smoke", action="store_true",
@@ -848,7 +851,16 @@ def main() -> int:
         parser.error("needs a CUDA GPU; --smoke runs the checks on the CPU")
 
     gen = torch.Generator("cpu" if args.smoke else "cuda").manual_seed(0)
-    builders = cases(SMOKE if args.smoke else Sizes(), gen)
+    sizes = SMOKE if args.smoke else Sizes()
+    if args.fp8_rows:
+        try:
+            fp8_rows = tuple(int(r) for r in args.fp8_rows.split(","))
+        except ValueError:
+            fp8_rows = ()
+        if not fp8_rows or min(fp8_rows) < 1:
+            parser.error(f"--fp8-rows {args.fp8_rows!r}: give row counts >= 1, e.g. 64,256")
+        sizes = replace(sizes, fp8_gemm_rows=fp8_rows)
+    builders = cases(sizes, gen)
     names = [n for n in builders if n not in PART_OF_ANOTHER] if args.cases == "all" else args.cases.split(",")
     unknown = set(names) - set(builders)
     if unknown:
