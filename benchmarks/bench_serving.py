@@ -385,6 +385,17 @@ def within_target(through: float, alone: float) -> bool:
     return through <= max(alone * TARGET_LATENCY_RATIO, alone + TARGET_LATENCY_SLACK_MS)
 
 
+def own_share(frontend: dict, grpc: dict) -> str:
+    """What the frontend itself adds to TTFT, apart from the engine's spread between the two systems: each
+    one's client TTFT less the server's time to its first response (means), the frontend's over gRPC's."""
+    try:
+        ms = ((frontend["ttft_mean_ms"] - frontend["first_response_ms"])
+              - (grpc["ttft_mean_ms"] - grpc["first_response_ms"]))
+    except (KeyError, TypeError):   # no server metrics for a row
+        return ""
+    return f", the frontend's own share of TTFT (means, outside the server) {ms:+,.1f} ms"
+
+
 def comparison(rows: list[dict], c: int) -> str:
     """One concurrency: each Triton system against in-process (issue 24's targets) and, when it ran,
     against the HF baseline; or each OpenAI frontend against gRPC directly on its server."""
@@ -402,7 +413,7 @@ def comparison(rows: list[dict], c: int) -> str:
                          f"TTFT p50 {o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms "
                          f"({o['ttft_p50_ms'] - t['ttft_p50_ms']:+,.1f}), p99 {o['ttft_p99_ms']:,.1f} "
                          f"vs {t['ttft_p99_ms']:,.1f} ms (issue 22 targets: "
-                         f"{'met' if not missed else 'MISSED ' + ', '.join(missed)})")
+                         f"{'met' if not missed else 'MISSED ' + ', '.join(missed)}){own_share(o, t)}")
         return "; ".join(parts)
     p, hf = row["in-process"], row.get(HF_SYSTEM)
     parts = []

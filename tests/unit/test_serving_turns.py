@@ -1,9 +1,9 @@
 """bench_serving's turns: two systems on one server send a level's requests in rounds, taking turns (ABBA), so
 that a drift of the server over the level falls on both alike; each system's row pools its own rounds, and
-the server's counters that grew during a system's runs count for it alone."""
+the server's counters that grew during a system's runs count for it alone; and the frontend's own share of TTFT."""
 from __future__ import annotations
 
-from benchmarks.bench_serving import in_turns
+from benchmarks.bench_serving import in_turns, own_share
 
 
 def test_systems_take_turns_and_pool_their_own_rounds():
@@ -34,3 +34,10 @@ def test_one_round_runs_each_system_once_in_order():
                       lambda api, requests: (runs.append(api) or list(requests), 1.0), dict)
     assert runs == ["triton", "openai"]
     assert pooled == {"a": ([1, 2], 1.0, {}), "b": ([3], 1.0, {})}
+
+
+def test_the_frontends_own_share_is_its_ttft_outside_the_server_over_grpcs():
+    frontend = {"ttft_mean_ms": 30.0, "first_response_ms": 26.0}
+    grpc = {"ttft_mean_ms": 27.5, "first_response_ms": 25.0}
+    assert own_share(frontend, grpc) == ", the frontend's own share of TTFT (means, outside the server) +1.5 ms"
+    assert own_share({"ttft_mean_ms": 30.0, "first_response_ms": None}, grpc) == ""
