@@ -106,9 +106,7 @@ def fake_triton(port: int, interval: float) -> None:
         handlers = {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(stream_infer, same, same),
                     "ModelConfig": grpc.unary_unary_rpc_method_handler(unary(config_bytes), same, same),
                     "ServerReady": grpc.unary_unary_rpc_method_handler(
-                        unary(pb.ServerReadyResponse(ready=True).SerializeToString()), same, same),
-                    "ServerLive": grpc.unary_unary_rpc_method_handler(
-                        unary(pb.ServerLiveResponse(live=True).SerializeToString()), same, same)}
+                        unary(pb.ServerReadyResponse(ready=True).SerializeToString()), same, same)}
         server = grpc.aio.server()
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("inference.GRPCInferenceService",
                                                                               handlers)])

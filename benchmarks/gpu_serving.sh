@@ -38,8 +38,9 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv >>"$
 [ -f "$MODEL/config.json" ] || step make_model "$LOGS" 90 python3 -m benchmarks.make_random_model \
     --shape llama3-8b --out "$MODEL"
 
+REQUEST_SHAPE=(--prompt-len 128,1024 --output-len 128,512 --engine "${ENGINE:-{\}}")
 LEVELS=(--concurrency "${CONCURRENCY:-1,16,64,256}" --num-requests "${NUM_REQUESTS:-4,96,192,384}"
-        --prompt-len 128,1024 --output-len 128,512 --engine "${ENGINE:-{\}}")
+        "${REQUEST_SHAPE[@]}")
 
 # profile_after PATTERN PGREP_REGEX NAME: once serving.log has a line matching PATTERN (the row of the level
 # before the last), waits 3 s for the last level's streams to fill and records 8 s of the process pgrep finds.
@@ -83,7 +84,7 @@ fi
     --instances "${INSTANCES:-8}" --record "$OUT/serving.jsonl"
 [ -z "${PROFILER:-}" ] || { kill "$PROFILER" 2>/dev/null; wait "$PROFILER" 2>/dev/null; }
 OPENAI_LEVELS=(--concurrency "${CONCURRENCY:-1,16,64,256}" --num-requests "${OPENAI_REQUESTS:-32,96,192,384}"
-               --rounds "${ROUNDS:-8,2,1,1}" "${LEVELS[@]:4}")
+               --rounds "${ROUNDS:-8,2,1,1}" "${REQUEST_SHAPE[@]}")
 [ "${SERVING_ONLY:-0}" = 1 ] || step openai "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" \
     "${OPENAI_LEVELS[@]}" --instances "${INSTANCES:-8}" --api openai --openai-workers "${OPENAI_WORKERS:-4}" \
     --record "$OUT/openai.jsonl"
