@@ -1,5 +1,6 @@
-"""Shared fixtures: one real Triton server for the whole test run (free ports, stopped at the end), and a
-tiny cross-encoder with a scratch repository to export it into.
+"""Shared fixtures: one real Triton server for the whole test run (one per pytest-xdist worker: `make test`
+runs two; free ports, stopped at the end), and a tiny cross-encoder with a scratch repository to export it
+into.
 
 The tiers: unit/ and engine/ (`make test-fast`: no server), server/ (the session server and servers of
 their own), faults/ (killed processes, overload, load cycles). The server packages are imported in the
@@ -7,6 +8,7 @@ fixtures that need them, so the engine tests also run where they are not install
 """
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import sys
@@ -17,10 +19,11 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 _SESSION_SERVER: list = []  # [the session's TritonServer, the LogWatch of its log] while it serves
 _SERVER_ABORTS: list = []   # server_crash.Abort: each abort of the session server, for the summary
+_WORKERS_BAD_INPUT = (collections.Counter(), collections.Counter())  # the xdist workers' bad_input counts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Under pytest-xdist (`make test-fast`) each worker gets its share of the cores for torch's threads. Left
+# Under pytest-xdist (`make test`, `make test-fast`) each worker gets its share of the cores for torch's threads. Left
 # at one thread per core, every worker's OpenMP team spans all cores, and its barriers stall whenever
 # another worker holds one: on 2 cores with 2 workers a tiny model's decode steps took 5 s that take
 # 0.08 s alone, and the fast tier ran 86 s instead of 60 (the engine process sizes its threads for the
@@ -101,6 +104,29 @@ def pytest_runtest_protocol(item, nextitem):
     return True
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (`make test`) a worker hands its session server's aborts and its bad-input counts
+    to the controller, whose terminal summary lists them."""
+    if not hasattr(session.config, "workeroutput"):
+        return
+    from server_crash import hand_to_controller
+
+    hand_to_controller(session.config, _SERVER_ABORTS)
+    bad_input = sys.modules.get("bad_input")
+    if bad_input is not None:
+        session.config.workeroutput["bad_input"] = [dict(bad_input.TRIED), dict(bad_input.UNANSWERED)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller's side of pytest_sessionfinish: a worker's aborts and counts, added to its own."""
+    from server_crash import take_from_worker
+
+    take_from_worker(node, _SERVER_ABORTS)
+    for total, counts in zip(_WORKERS_BAD_INPUT, getattr(node, "workeroutput", {}).get("bad_input", ())):
+        total.update(counts)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The session server's aborts, and how many bad-input cases the property-based tests sent
     (tests/bad_input.py counts them)."""
@@ -108,12 +134,18 @@ def pytest_terminal_summary(terminalreporter):
         from server_crash import summarize_aborts
 
         summarize_aborts(terminalreporter, _SERVER_ABORTS)
+    tried, unanswered = (collections.Counter(counts) for counts in _WORKERS_BAD_INPUT)
     bad_input = sys.modules.get("bad_input")  # imported only by the tests that send bad input
-    if bad_input is not None and bad_input.TRIED:
-        TRIED = bad_input.TRIED
-        terminalreporter.write_sep("-", f"bad input: {sum(TRIED.values())} cases tried")
-        for key, count in sorted(TRIED.items()):
+    if bad_input is not None:
+        tried.update(bad_input.TRIED)
+        unanswered.update(bad_input.UNANSWERED)
+    if tried:
+        terminalreporter.write_sep("-", f"bad input: {sum(tried.values())} cases tried")
+        for key, count in sorted(tried.items()):
             terminalreporter.write_line(f"  {key}: {count}")
-        for model, count in sorted(bad_input.UNANSWERED.items()):
-            terminalreporter.write_line(f"  {model}: {count} request(s) unanswered in {bad_input.REQUEST_TIMEOUT_S} s, "
-                                        "sent again (the server never answered them)", red=True)
+        if unanswered:
+            from bad_input import REQUEST_TIMEOUT_S
+
+            for model, count in sorted(unanswered.items()):
+                terminalreporter.write_line(f"  {model}: {count} request(s) unanswered in {REQUEST_TIMEOUT_S} s, "
+                                            "sent again (the server never answered them)", red=True)

@@ -12,6 +12,7 @@ on the abort itself: a server that aborts that often is a fault to fix, not a ra
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -100,6 +101,16 @@ def run_test(item, nextitem, aborts: list[Abort]) -> None:
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def hand_to_controller(config, aborts: list[Abort]) -> None:
+    """Under pytest-xdist, at a worker's session finish: its aborts, for the controller's summary."""
+    config.workeroutput["server_aborts"] = [dataclasses.astuple(abort) for abort in aborts]
+
+
+def take_from_worker(node, aborts: list[Abort]) -> None:
+    """Under pytest-xdist, as a worker goes down (the controller's pytest_testnodedown): its aborts."""
+    aborts.extend(Abort(*fields) for fields in getattr(node, "workeroutput", {}).get("server_aborts", ()))
 
 
 def summarize_aborts(terminalreporter, aborts: list[Abort]) -> None:

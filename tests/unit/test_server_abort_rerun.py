@@ -1,6 +1,7 @@
 """tests/server_crash.run_test: a test during which the session server aborted runs once more, only its
 last run counts, no test runs a third time, the session's reruns are bounded, and the summary lists
-every abort. Run as a pytest session of its own, with conftest hooks that abort as the marker says."""
+every abort, also from pytest-xdist's workers. Run as a pytest session of its own, with conftest hooks that
+abort as the marker says."""
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +16,7 @@ CONFTEST = f'''
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 import pytest
-from server_crash import run_test, summarize_aborts
+from server_crash import hand_to_controller, run_test, summarize_aborts, take_from_worker
 
 ABORTS, CALLS = [], {{}}
 
@@ -36,6 +37,14 @@ def pytest_runtest_makereport(item, call):
 def pytest_runtest_protocol(item, nextitem):
     run_test(item, nextitem, ABORTS)
     return True
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):
+        hand_to_controller(session.config, ABORTS)
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    take_from_worker(node, ABORTS)
 
 def pytest_terminal_summary(terminalreporter):
     summarize_aborts(terminalreporter, ABORTS)
@@ -86,3 +95,15 @@ def test_an_aborted_test_runs_once_more_and_the_reruns_are_bounded(tmp_path):
     assert "the session server aborted 4 time(s)" in out, out
     assert "during test_cases.py::test_aborts_once; the test ran once more, on a fresh server. Signal (6)" in out, out
     assert "run 2 of test_aborts_in_its_second_run_too" in out and "failed on it (no run left)" in out, out
+
+
+def test_the_summary_lists_the_aborts_of_xdist_workers(tmp_path):
+    """`make test` runs two workers: each one's aborts reach the controller's summary."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_cases.py").write_text(TESTS_FILE)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
+                          "test_cases.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = run.stdout
+    assert "2 failed, 2 passed" in out, out
+    assert "the session server aborted 4 time(s)" in out, out
+    assert "during test_cases.py::test_aborts_once; the test ran once more, on a fresh server. Signal (6)" in out, out
