@@ -10,7 +10,8 @@ kernel must move. --sweep overrides launch configs through override_launch_param
 Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
 bf16 KV decode at 32k (>= 1.6x), and both at workload (b)'s decode shape (B=512 x 777); causal
 prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA flash on the same q/k/v alongside);
-rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul; a layer's four projections at
+rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul (`silu_fp8`: with the per-token FP8
+quantization after it, two kernels against the fused one, for FP8 weights); a layer's four projections at
 decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and fused (skinny_linear), so
 the launch config's skinny_linear max_rows can be set from the ratio (towards (a)'s 85% of the roofline).
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
@@ -337,6 +338,26 @@ def silu_bench(s: Sizes, gen) -> Bench:
                              for b, w in itertools.product((512, 1024, 2048, 4096), (2, 4, 8, 16))])
 
 
+def silu_fp8_benches(s: Sizes, gen) -> list[Bench]:
+    """The down projection's input with FP8 weights: silu_and_mul then the per-token quantizer, and the
+    one kernel that does both (silu_and_mul_quantize_fp8); its bytes and scales must be the pair's."""
+    x = randn(gen, s.tokens, s.gate_up)
+    expected = K.quantize_fp8_per_token(K.silu_and_mul(x))
+
+    def check(result):
+        if not (torch.equal(result[0].view(torch.uint8), expected[0].view(torch.uint8))
+                and torch.equal(result[1], expected[1])):
+            raise AssertionError("silu_and_mul_quantize_fp8: not the bytes of silu_and_mul then the quantizer")
+
+    least = x.nbytes + x.nbytes // 4 + 4 * s.tokens  # [gate | up] in; e4m3 values and scales out
+    return [Bench("silu + quantize fp8, two kernels", f"[{s.tokens}, {s.gate_up}]", None,
+                  call=lambda: K.quantize_fp8_per_token(K.silu_and_mul(x)), check=check, bytes=least),
+            Bench("silu + quantize fp8, fused", f"[{s.tokens}, {s.gate_up}]", "silu_and_mul_quantize_fp8",
+                  call=lambda: K.silu_and_mul_quantize_fp8(x), check=check, bytes=least,
+                  candidates=[({"BLOCK_K": b, "num_warps": w}, {})
+                              for b, w in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16))])]
+
+
 def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     """A decoder layer's four projections at a small decode batch (attention left out: the same either
     way), as the engine runs them unfused (cuBLAS, RMSNorm + residual, SiLU-and-mul kernels: 7 launches
@@ -456,7 +477,7 @@ def fp8_gemm_benches(s: Sizes, rows: int, gen) -> list[Bench]:
         def compare(outs):
             for i, (out, x, (a, a_scale), (q, scale)) in enumerate(zip(outs, xs, quantized_x, quantized)):
                 params = {**launch_params_for_rows("fp8_gemm", x.device, rows), "backend": backend}
-                if backend == "scaled_mm" and not scaled_mm_fits(x, q):
+                if backend == "scaled_mm" and not scaled_mm_fits(x, q, x.dtype):
                     params["backend"] = "triton"
                 model = accumulation_model(x.device, params)
                 key = (i, tuple(sorted(model.items())))
@@ -631,6 +652,7 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "rotary_write_kv": lambda: [rotary_write_kv_bench(s, BF16, gen), rotary_write_kv_bench(s, FP8, gen)],
         "rms_norm": lambda: [rms_norm_bench(s, gen)],
         "silu": lambda: [silu_bench(s, gen)],
+        "silu_fp8": lambda: silu_fp8_benches(s, gen),
         "layer_small_batch": lambda: [b for rows in SMALL_BATCHES for b in layer_projection_benches(s, rows, gen)],
         "layer_single_row": lambda: layer_projection_benches(s, 1, gen),
         "fp8_gemm": lambda: [b for rows in s.fp8_gemm_rows for b in fp8_gemm_benches(s, rows, gen)],

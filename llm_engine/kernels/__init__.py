@@ -8,12 +8,16 @@ from llm_engine.kernels.fp8_gemm import (
     fp8_gemm_ref,
     fp8_linear,
     fp8_linear_ref,
+    fp8_matmul,
+    fp8_matmul_ref,
 )
 from llm_engine.kernels.fp8_quant import (
     dequantize_fp8_weight_ref,
     quantize_fp8_per_token,
     quantize_fp8_per_token_ref,
     quantize_fp8_weight_ref,
+    silu_and_mul_quantize_fp8,
+    silu_and_mul_quantize_fp8_ref,
 )
 from llm_engine.kernels.kv_store import (
     FP8_E4M3_MAX,
@@ -48,6 +52,8 @@ __all__ = [
     "fp8_gemm_ref",
     "fp8_linear",
     "fp8_linear_ref",
+    "fp8_matmul",
+    "fp8_matmul_ref",
     "gather_kv_ref",
     "paged_decode_attention",
     "paged_decode_attention_ref",
@@ -64,6 +70,8 @@ __all__ = [
     "rotary_and_write_kv_ref",
     "silu_and_mul",
     "silu_and_mul_ref",
+    "silu_and_mul_quantize_fp8",
+    "silu_and_mul_quantize_fp8_ref",
     "skinny_linear",
     "skinny_linear_ref",
     "write_kv_cache_ref",

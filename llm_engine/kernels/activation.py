@@ -11,7 +11,7 @@ from llm_engine.kernels.launch_config import launch_params
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2*I] -> silu(x[:, :I]) * x[:, I:] as [T, I]."""
-    _check_args(x)
+    check_gated_input(x)
     gate, up = x.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
@@ -32,7 +32,7 @@ def _silu_and_mul_kernel(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2*I] -> silu(x[:, :I]) * x[:, I:] as [T, I]."""
-    _check_args(x)
+    check_gated_input(x)
     expect_launchable("x", x, "silu_and_mul_ref")
     num_tokens, double_size = x.shape
     intermediate_size = double_size // 2
@@ -48,7 +48,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _check_args(x) -> None:
+def check_gated_input(x) -> None:
+    """x [num_tokens, 2 * intermediate_size], last dim contiguous (also fp8_quant.silu_and_mul_quantize_fp8's)."""
     expect_ndim("x", x, 2, "[num_tokens, 2 * intermediate_size]")
     if x.shape[1] % 2:
         raise ValueError(f"x's last dim must be even (gate and up halves), got {x.shape[1]}")

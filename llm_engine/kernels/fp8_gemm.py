@@ -13,8 +13,9 @@ tests' and the benchmark's tolerance): float32 sums in any order, Hopper's fast 
 applies, the epilogue's and the output's roundings.
 
 `fp8_linear` is what a quantized projection calls: quantize x per token (or with a static input
-scale), then the GEMM by the backend that the launch config's row bucket names ("m<=R" entries of
-`fp8_gemm`, launch_config.launch_params_for_rows): "triton" (this kernel, with that bucket's tiles)
+scale), then `fp8_matmul` (also called alone on activations a fused kernel quantized): the GEMM by the
+backend that the launch config's row bucket names ("m<=R" entries of `fp8_gemm`,
+launch_config.launch_params_for_rows): "triton" (this kernel, with that bucket's tiles)
 or "scaled_mm" (torch._scaled_mm, cuBLASLt, row-wise scales; where it cannot run the shape, Triton).
 Which is faster per batch size is measured on each GPU (benchmarks/bench_kernels.py --cases fp8_gemm
 --sweep prints the buckets to write). Small decode batches go through skinny_linear instead, its
@@ -281,26 +282,43 @@ def fp8_linear(
     bias: torch.Tensor | None = None,
     input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp8_linear_ref's result: the per-token quantization kernel, then the launch config's GEMM
-    backend for M rows (two launches; a bias after torch._scaled_mm, a third)."""
+    """fp8_linear_ref's result: the per-token quantization kernel, then fp8_matmul (two launches; a bias
+    after torch._scaled_mm, a third)."""
     _check_linear_args(x, weight, weight_scale, bias, input_scale)
     expect_launchable("x", x, "fp8_linear_ref")
     values, scale = quantize_fp8_per_token(x, input_scale)
-    params = launch_params_for_rows("fp8_gemm", x.device, x.shape[0])
-    if params["backend"] == "scaled_mm" and scaled_mm_fits(x, weight):
-        out = torch._scaled_mm(values, weight.t(), scale_a=scale[:, None], scale_b=weight_scale[None, :],
-                               out_dtype=x.dtype, use_fast_accum=params.get("fast_accum", True))
+    return fp8_matmul(values, scale, weight, weight_scale, bias, x.dtype)
+
+
+def fp8_matmul(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """fp8_gemm_ref's result on activations already quantized (fp8_linear's, or a fused kernel's): the
+    GEMM by the backend of the launch config's row bucket for a's rows."""
+    _check_gemm_args(a, a_scale, b, b_scale, bias, out_dtype)
+    params = launch_params_for_rows("fp8_gemm", a.device, a.shape[0])
+    if params["backend"] == "scaled_mm" and scaled_mm_fits(a, b, out_dtype):
+        out = torch._scaled_mm(a, b.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :],
+                               out_dtype=out_dtype, use_fast_accum=params.get("fast_accum", True))
         return out if bias is None else out.add_(bias)
     if params["backend"] not in BACKENDS:
         raise ValueError(f"fp8_gemm launch config backend {params['backend']!r}: expected one of {BACKENDS}")
-    return fp8_gemm(values, scale, weight, weight_scale, bias, x.dtype, params)
+    return fp8_gemm(a, a_scale, b, b_scale, bias, out_dtype, params)
 
 
-def scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether torch._scaled_mm with row-wise scales takes this product: CUDA, a bf16 output, K and N
-    multiples of 16, at least one row."""
+fp8_matmul_ref = fp8_gemm_ref  # fp8_matmul only chooses the backend: its reference is the GEMM's
+
+
+def scaled_mm_fits(a: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether torch._scaled_mm with row-wise scales takes this product of a [M, K] (CUDA) and weight [N, K]:
+    a bf16 output, K and N multiples of 16, at least one row."""
     n, k = weight.shape
-    return x.is_cuda and x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0 and x.shape[0] > 0
+    return a.is_cuda and out_dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0 and a.shape[0] > 0
 
 
 def warm_up_fp8_linear(layers: list[tuple[torch.Tensor, torch.Tensor | None]], dtype: torch.dtype,

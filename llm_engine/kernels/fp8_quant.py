@@ -5,7 +5,9 @@
   writer);
 - activations per token, dynamically: each row of x [M, K] likewise at every call
   (quantize_fp8_per_token, a Triton kernel), or with one static scale for all rows when a
-  checkpoint brings an `input_scale`.
+  checkpoint brings an `input_scale`. The down projection's input, silu(gate) * up, is quantized by the
+  kernel that computes it (silu_and_mul_quantize_fp8: the gate's output is not written in bf16 and read
+  back, 6% of a step of workload (b) with FP8 weights went to that separate quantization).
 
 The roundings are those of kv_store.quantize_fp8_ref (the FP8 KV cache's): the scale one float32
 multiplication of amax by float32(1 / 448) (kv_store.fp8_scale_ref: not `amax / 448`, which torch
@@ -22,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from llm_engine.kernels.activation import check_gated_input, silu_and_mul_ref
 from llm_engine.kernels._validate import (
     expect_dtype,
     expect_last_dim_contiguous,
@@ -65,6 +68,11 @@ def quantize_fp8_per_token_ref(x: torch.Tensor, static_scale: torch.Tensor | Non
     return values.to(FP8), scale
 
 
+def silu_and_mul_quantize_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, 2 * I] ([gate | up]) -> quantize_fp8_per_token_ref(silu_and_mul_ref(x)): (e4m3 [M, I], float32 [M])."""
+    return quantize_fp8_per_token_ref(silu_and_mul_ref(x))
+
+
 @triton.jit
 def _quantize_per_token_kernel(
     x_ptr, out_ptr, scale_ptr, static_scale_ptr,
@@ -72,15 +80,17 @@ def _quantize_per_token_kernel(
     BLOCK_K: tl.constexpr,
     ONE_TILE: tl.constexpr,
     STATIC: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     """One row per program: its amax over K (a first pass; the second reads the row again from L1/L2),
-    then its e4m3 values. ONE_TILE: the row fits one tile and is read once."""
+    then its e4m3 values. ONE_TILE: the row fits one tile and is read once. GATED: the row is
+    silu(gate) * up of x's [gate | up] (K wide each), rounded to x's dtype as silu_and_mul rounds it."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out
     ks = tl.arange(0, BLOCK_K)
     if ONE_TILE:
-        x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+        x = _row_tile(x_row, ks, ks < K, K, GATED)
     if STATIC:
         scale = tl.load(static_scale_ptr)
     else:
@@ -89,7 +99,7 @@ def _quantize_per_token_kernel(
         else:
             running = tl.zeros([BLOCK_K], dtype=tl.float32)
             for k_start in range(0, K, BLOCK_K):
-                tile = tl.load(x_row + k_start + ks, mask=k_start + ks < K, other=0.0).to(tl.float32)
+                tile = _row_tile(x_row, k_start + ks, k_start + ks < K, K, GATED)
                 running = tl.maximum(running, tl.abs(tile))
             amax = tl.max(running, axis=0)
         # fp8_scale_ref's one multiplication (no division: torch's own `/ 448` differs between devices),
@@ -102,9 +112,19 @@ def _quantize_per_token_kernel(
     else:
         for k_start in range(0, K, BLOCK_K):
             mask = k_start + ks < K
-            tile = tl.load(x_row + k_start + ks, mask=mask, other=0.0).to(tl.float32)
+            tile = _row_tile(x_row, k_start + ks, mask, K, GATED)
             q = _round_to_e4m3(tl.clamp(tl.math.div_rn(tile, scale), -448.0, 448.0))
             tl.store(out_row + k_start + ks, q.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_tile(x_row, ks, mask, K, GATED: tl.constexpr):
+    """The row's columns ks in float32; GATED: silu(gate) * up from [gate | up], in silu_and_mul's arithmetic."""
+    if GATED:
+        gate = tl.load(x_row + ks, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + K + ks, mask=mask, other=0.0).to(tl.float32)
+        return (gate * tl.sigmoid(gate) * up).to(x_row.dtype.element_ty).to(tl.float32)
+    return tl.load(x_row + ks, mask=mask, other=0.0).to(tl.float32)
 
 
 def quantize_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = None
@@ -113,12 +133,27 @@ def quantize_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = 
     `static_scale` (a float32 scalar: every row's scale) when given. One launch."""
     _check_args(x, static_scale)
     expect_launchable("x", x, "quantize_fp8_per_token_ref")
-    num_rows, k = x.shape
+    return _quantize(x, x.shape[1], static_scale, "quantize_fp8_per_token")
+
+
+def silu_and_mul_quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, 2 * I] ([gate | up]) -> silu_and_mul_quantize_fp8_ref's (e4m3 [M, I], float32 [M]), bit for bit
+    what silu_and_mul then quantize_fp8_per_token give. One launch."""
+    check_gated_input(x)
+    expect_dtype("x", x, ACTIVATION_DTYPES)
+    expect_launchable("x", x, "silu_and_mul_quantize_fp8_ref")
+    return _quantize(x, x.shape[1] // 2, None, "silu_and_mul_quantize_fp8")
+
+
+def _quantize(x: torch.Tensor, k: int, static_scale: torch.Tensor | None, kernel: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of k values from x (gated when x is twice as wide) -> (e4m3 [M, k], float32 scales [M])."""
+    num_rows = x.shape[0]
     values = torch.empty((num_rows, k), dtype=FP8, device=x.device)
     scale = torch.empty(num_rows, dtype=torch.float32, device=x.device)
     if num_rows == 0 or k == 0:
         return values, scale.fill_(FP8_SCALE_MIN)
-    params = launch_params("quantize_fp8_per_token", x.device)
+    params = launch_params(kernel, x.device)
     block_k = min(params["BLOCK_K"], triton.next_power_of_2(k))
     _quantize_per_token_kernel[(num_rows,)](
         x, values, scale, scale if static_scale is None else static_scale,
@@ -126,6 +161,7 @@ def quantize_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = 
         BLOCK_K=block_k,
         ONE_TILE=k <= block_k,
         STATIC=static_scale is not None,
+        GATED=x.shape[1] != k,
         num_warps=params["num_warps"],
     )
     return values, scale

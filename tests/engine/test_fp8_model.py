@@ -39,10 +39,12 @@ from llm_engine.kernels import (
     dequantize_fp8_weight_ref,
     quantize_fp8_per_token_ref,
     quantize_fp8_weight_ref,
+    silu_and_mul_ref,
 )
 from llm_engine.kernels.fp8_gemm import FAST_ACCUM_GROUP
 from llm_engine.kernels.launch_config import override_launch_params
 from llm_engine.model import ops
+from llm_engine.model.layers.linear import Linear
 from llm_engine.model.fp8_checkpoint import quantize_weight, write_fp8_checkpoint
 from llm_engine.model.loader import SafetensorsCheckpoint, load_model
 from llm_engine.quantization import Fp8Quantization, LinearQuant, resolve
@@ -482,31 +484,57 @@ def test_fp8_decode_steps_compute_the_w8a8_function(run_device, tiny_checkpoints
     assert_w8a8_logits(got, expected, run_device)
 
 
-def fast_accumulating_fp8_linear(bits: int, quantize_inputs: bool = True):
-    """ops.fp8_linear as Hopper's FP8 tensor cores compute it (fp8_gemm_error_bound's fast accumulation):
-    x quantized per token as the reference does (or, quantize_inputs False, left as it is: W8A16), the
-    products summed exactly within each group of FAST_ACCUM_GROUP along K, the running sum truncated to
-    `bits` significant bits after each group."""
-    def linear(x, weight, weight_scale, bias=None, input_scale=None):
-        if quantize_inputs:
-            a, a_scale = quantize_fp8_per_token_ref(x, input_scale)
-        else:
-            a, a_scale = x, torch.ones(x.shape[0])
+def test_the_down_projection_takes_the_gates_quantized_rows(tiny_checkpoints, monkeypatch):
+    """With per-token scales the SwiGLU gate's kernel quantizes the down projection's input (one launch fewer
+    a layer), and the logits are those of the gate and the quantizer apart, to the bit."""
+    runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8")
+    ids = runner.tokenizer.encode(PROMPTS[0])
+    calls, fused_op = [], ops.silu_and_mul_quantize_fp8
+    monkeypatch.setattr(ops, "silu_and_mul_quantize_fp8", lambda x: calls.append(x.shape) or fused_op(x))
+    fused = every_position_logits(runner, ids)
+    assert len(calls) == runner.model_config.num_hidden_layers
+    monkeypatch.setattr(Linear, "takes_quantized_rows", property(lambda self: False))
+    assert torch.equal(every_position_logits(runner, ids), fused)
+    assert len(calls) == runner.model_config.num_hidden_layers
+
+
+def fast_accumulating_fp8_matmul(bits: int):
+    """ops.fp8_matmul as Hopper's FP8 tensor cores compute it (fp8_gemm_error_bound's fast accumulation): the
+    products summed exactly within each group of FAST_ACCUM_GROUP along K, the running sum truncated to `bits`
+    significant bits after each group."""
+    def matmul(a, a_scale, weight, weight_scale, bias, out_dtype):
         a, b = a.double(), weight.double()
         acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
         for k in range(0, a.shape[1], FAST_ACCUM_GROUP):
             mantissa, exponent = torch.frexp(acc + a[:, k:k + FAST_ACCUM_GROUP] @ b[:, k:k + FAST_ACCUM_GROUP].T)
             acc = torch.ldexp(torch.trunc(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent)
         out = acc.float() * a_scale.float()[:, None] * weight_scale[None, :]
-        return (out if bias is None else out + bias.float()).to(x.dtype)
-    return linear
+        return (out if bias is None else out + bias.float()).to(out_dtype)
+    return matmul
+
+
+def emulate_fast_accumulation(monkeypatch, bits: int, quantize_inputs: bool = True) -> None:
+    """Every W8A8 GEMM of the model (ops.fp8_linear, and ops.fp8_matmul after the gate's quantizing kernel)
+    through fast_accumulating_fp8_matmul; its activations quantized per token as the references do, or
+    (quantize_inputs False) left as they are: W8A16."""
+    matmul = fast_accumulating_fp8_matmul(bits)
+
+    def quantize(x, input_scale=None):
+        return quantize_fp8_per_token_ref(x, input_scale) if quantize_inputs else (x, torch.ones(x.shape[0]))
+
+    def linear(x, weight, weight_scale, bias=None, input_scale=None):
+        return matmul(*quantize(x, input_scale), weight, weight_scale, bias, x.dtype)
+
+    monkeypatch.setattr(ops, "fp8_linear", linear)
+    monkeypatch.setattr(ops, "fp8_matmul", matmul)
+    monkeypatch.setattr(ops, "silu_and_mul_quantize_fp8", lambda x: quantize(silu_and_mul_ref(x)))
 
 
 def test_gpu_bounds_hold_under_emulated_fast_accumulation(monkeypatch, tiny_checkpoints, hf_fake_quantized):
     """Where GPU_MEAN_REL and GPU_MAX_REL come from, re-measured on the CPU: the model with every W8A8 GEMM
     summed as Hopper's FP8 tensor cores do, but one bit worse (13 significant bits), stays within them in
     prefill and decode; with its activations left unquantized (a wiring error they must catch) it does not."""
-    monkeypatch.setattr(ops, "fp8_linear", fast_accumulating_fp8_linear(bits=13))
+    emulate_fast_accumulation(monkeypatch, bits=13)
     for arch in ARCHS:
         runner = make_runner(tiny_checkpoints[arch], quantization="fp8")
         ids = [runner.tokenizer.encode(text) for text in PROMPTS]
@@ -514,7 +542,7 @@ def test_gpu_bounds_hold_under_emulated_fast_accumulation(monkeypatch, tiny_chec
         assert_w8a8_logits(got, torch.cat([hf_fake_quantized[arch](i) for i in ids]), "cuda")
     runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8")
     assert_w8a8_logits(*decode_steps(runner, hf_fake_quantized["tiny-llama"], True), "cuda")
-    monkeypatch.setattr(ops, "fp8_linear", fast_accumulating_fp8_linear(bits=13, quantize_inputs=False))
+    emulate_fast_accumulation(monkeypatch, bits=13, quantize_inputs=False)
     runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8")
     ids = runner.tokenizer.encode(PROMPTS[1])
     with pytest.raises(AssertionError, match="relative logit error"):

@@ -1,4 +1,5 @@
-"""FP8 weights (W8A8): the per-token activation quantizer, the FP8 GEMM, fp8_linear's dispatch and the fused
+"""FP8 weights (W8A8): the per-token activation quantizer (also fused after the SwiGLU gate), the FP8 GEMM,
+fp8_linear's and fp8_matmul's dispatch and the fused
 small-batch projections with e4m3 weights, each against its torch reference, which dequantizes to float32 and
 multiplies there (CPU torch has no float8 matmul); and quantize-dequantize round trips, exact where e4m3 is."""
 from __future__ import annotations
@@ -16,9 +17,13 @@ from llm_engine.kernels import (
     fp8_gemm_ref,
     fp8_linear,
     fp8_linear_ref,
+    fp8_matmul,
     quantize_fp8_per_token,
     quantize_fp8_per_token_ref,
     quantize_fp8_weight_ref,
+    silu_and_mul,
+    silu_and_mul_quantize_fp8,
+    silu_and_mul_quantize_fp8_ref,
     skinny_linear,
     skinny_linear_ref,
 )
@@ -53,7 +58,7 @@ def linear_params(x, weight):
     """The launch params of the GEMM fp8_linear runs for x: its row bucket's, backend triton where
     torch._scaled_mm cannot take the product."""
     params = launch_params_for_rows("fp8_gemm", x.device, x.shape[0])
-    return params if params["backend"] == "triton" or scaled_mm_fits(x, weight) else {**params, "backend": "triton"}
+    return params if params["backend"] == "triton" or scaled_mm_fits(x, weight, x.dtype) else {**params, "backend": "triton"}
 
 
 def randn(gen, *shape, dtype=torch.float32, device="cpu", scale=1.0):
@@ -90,6 +95,33 @@ def test_per_token_quantization_matches_ref_bit_for_bit(gen, device, dtype, rows
     assert values.dtype == FP8 and scale.dtype == torch.float32 and scale.shape == (rows,)
     assert same_bytes(values, expected_values)
     assert torch.equal(scale, expected_scale)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
+@pytest.mark.parametrize("rows, width", [(1, 16), (3, 100), (5, 333)])
+@pytest.mark.parametrize("block_k", [64, 4096])  # several tiles per row, one tile
+def test_gated_quantization_is_the_gate_then_the_quantizer_bit_for_bit(gen, device, dtype, rows, width, block_k):
+    """silu_and_mul_quantize_fp8 gives the bytes and scales of silu_and_mul's output quantized per token (the
+    two kernels it replaces in the MLP), and stays within an e4m3 step of the torch reference's values."""
+    x = randn(gen, rows, 2 * width, dtype=dtype, device=device, scale=3.0)
+    if rows > 2:
+        x[2, :width] = 0.0  # a gate of zeros: an all-zero row, the floor scale
+    expected_values, expected_scale = quantize_fp8_per_token(silu_and_mul(x))
+    with override_launch_params("silu_and_mul_quantize_fp8", BLOCK_K=block_k):
+        values, scale = silu_and_mul_quantize_fp8(x)
+    assert values.dtype == FP8 and values.shape == (rows, width) and scale.shape == (rows,)
+    assert same_bytes(values, expected_values) and torch.equal(scale, expected_scale)
+    ref_values, ref_scale = silu_and_mul_quantize_fp8_ref(x)
+    torch.testing.assert_close(scale, ref_scale, rtol=2.0 ** -7, atol=0)  # amax, as the gate's dtype rounds it
+    got, want = values.float() * scale[:, None], ref_values.float() * ref_scale[:, None]
+    assert ((got - want).abs() <= want.abs() * 2.0 ** -3 + ref_scale[:, None] * 2.0 ** -9).all()
+
+
+def test_gated_quantization_refuses_bad_input(device):
+    with pytest.raises(ValueError, match="x's last dim must be even"):
+        silu_and_mul_quantize_fp8(torch.zeros(2, 7, device=device))
+    with pytest.raises(ValueError, match="x must have dtype in"):
+        silu_and_mul_quantize_fp8(torch.zeros(2, 8, dtype=torch.int32, device=device))
 
 
 def test_scales_are_one_float32_multiplication_on_every_device(gen, device):
@@ -206,6 +238,18 @@ def test_fp8_linear_matches_ref(gen, device, dtype, static, rows):
     assert_within_error_model(out, a, a_scale, weight, weight_scale, bias, params)
     assert_within_error_model(fp8_linear_ref(x, weight, weight_scale, bias, input_scale), a, a_scale, weight,
                               weight_scale, bias)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_fp8_matmul_on_quantized_rows_is_fp8_linear(gen, device, rows):
+    """The down projection's path (rows quantized by the gate's kernel, then fp8_matmul) gives fp8_linear's result."""
+    x = randn(gen, rows, 96, dtype=torch.bfloat16, device=device, scale=2.0)
+    weight, weight_scale = quantize_fp8_weight_ref(randn(gen, 48, 96, device=device) / 96**0.5)
+    bias = randn(gen, 48, dtype=torch.bfloat16, device=device)
+    with override_launch_params("fp8_gemm", **SMALL_TILES):
+        expected = fp8_linear(x, weight, weight_scale, bias)
+        out = fp8_matmul(*quantize_fp8_per_token(x), weight, weight_scale, bias, torch.bfloat16)
+    assert torch.equal(out, expected)
 
 
 def test_fp8_linear_stays_close_to_the_unquantized_product(gen, device):

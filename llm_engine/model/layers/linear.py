@@ -3,10 +3,13 @@
 An FP8 projection (`quant` given: llm_engine/quantization.py) holds `weight` as float8_e4m3fn [out, in]
 with a float32 `weight_scale` [out] (per output channel), and, for a checkpoint with static activation
 scales, a scalar `input_scale`; it multiplies through ops.fp8_linear (x quantized per token, or by the
-input scale, then the FP8 GEMM). The loader fills `weight_scale` from the checkpoint, or, quantizing an
+input scale, then the FP8 GEMM), or, given x already quantized per token (QuantizedRows: the kernel before
+quantized its own output), through ops.fp8_matmul. The loader fills `weight_scale` from the checkpoint, or, quantizing an
 unquantized checkpoint as it loads, from each weight it quantizes (model/loader.py).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,13 @@ from llm_engine.model import ops
 from llm_engine.quantization import LinearQuant
 
 FP8 = torch.float8_e4m3fn
+
+
+class QuantizedRows(NamedTuple):
+    """Activations quantized per token: e4m3 values [M, K], float32 scales [M], and the dtype they stand for."""
+    values: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
 
 
 class Linear(nn.Module):
@@ -41,11 +51,18 @@ class Linear(nn.Module):
                 self.input_scale.fp8_kind = "input_scale"
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_quantized_rows(self) -> bool:
+        """FP8 weights with per-token activation scales: x may come as QuantizedRows."""
+        return self.weight_scale is not None and self.input_scale is None
+
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor | QuantizedRows, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T + bias (the given bias: a row-parallel rank adds its own or none)."""
+        if isinstance(x, QuantizedRows):
+            return ops.fp8_matmul(x.values, x.scale, self.weight, self.weight_scale, bias, x.dtype)
         if self.weight_scale is None:
             return F.linear(x, self.weight, bias)
         return ops.fp8_linear(x, self.weight, self.weight_scale, bias, self.input_scale)

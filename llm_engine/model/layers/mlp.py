@@ -1,10 +1,12 @@
-"""The SwiGLU feed-forward block: down(silu(gate(x)) * up(x)) with gate and up fused."""
+"""The SwiGLU feed-forward block: down(silu(gate(x)) * up(x)) with gate and up fused. With FP8 weights
+and per-token activation scales, the gate's kernel quantizes its output for the down projection."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from llm_engine.model import ops
+from llm_engine.model.layers.linear import QuantizedRows
 from llm_engine.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from llm_engine.quantization import Fp8Quantization
 from llm_engine.worker.distributed import SINGLE, TensorParallelGroup
@@ -26,4 +28,7 @@ class GatedMLP(nn.Module):
                                            quant=plan("down_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if self.down_proj.takes_quantized_rows:
+            return self.down_proj(QuantizedRows(*ops.silu_and_mul_quantize_fp8(gate_up), gate_up.dtype))
+        return self.down_proj(ops.silu_and_mul(gate_up))
