@@ -10,8 +10,8 @@ kernel must move. --sweep overrides launch configs through override_launch_param
 Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy bandwidth); FP8 vs
 bf16 KV decode at 32k (>= 1.6x), and both at workload (b)'s decode shape (B=512 x 777); causal
 prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA flash on the same q/k/v alongside);
-rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul (`silu_fp8`: with the per-token FP8
-quantization after it, two kernels against the fused one, for FP8 weights); a layer's four projections at
+rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul (`rms_norm_fp8`, `silu_fp8`: with the
+per-token FP8 quantization after it, two kernels against the fused one, for FP8 weights); a layer's four projections at
 decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and fused (skinny_linear), so
 the launch config's skinny_linear max_rows can be set from the ratio (towards (a)'s 85% of the roofline).
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
@@ -358,6 +358,29 @@ def silu_fp8_benches(s: Sizes, gen) -> list[Bench]:
                               for b, w in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16))])]
 
 
+def rms_norm_fp8_benches(s: Sizes, gen) -> list[Bench]:
+    """A projection's input with FP8 weights: rms_norm + residual then the per-token quantizer, and the one
+    kernel that does both (rms_norm_quantize_fp8); its bytes and scales must be the pair's."""
+    x, residual = (randn(gen, s.tokens, s.hidden) for _ in range(2))
+    weight = randn(gen, s.hidden)
+    start = residual.clone()  # the residual add is in place: each check starts from the same residual
+    expected = K.quantize_fp8_per_token(K.rms_norm(x, weight, 1e-5, start.clone())[0])
+
+    def check(_):
+        values, scale = K.rms_norm_quantize_fp8(x, weight, 1e-5, start.clone())
+        same = torch.equal(values.view(torch.uint8), expected[0].view(torch.uint8)) and torch.equal(scale, expected[1])
+        if not same:
+            raise AssertionError("rms_norm_quantize_fp8: not the bytes of rms_norm then the quantizer")
+
+    least = 3 * x.nbytes + x.nbytes // 2 + weight.nbytes + 4 * s.tokens  # x, residual in; residual, e4m3 out
+    return [Bench("rms_norm + quantize fp8, two kernels", f"[{s.tokens}, {s.hidden}]", None,
+                  call=lambda: K.quantize_fp8_per_token(K.rms_norm(x, weight, 1e-5, residual)[0]), check=check,
+                  bytes=least),
+            Bench("rms_norm + quantize fp8, fused", f"[{s.tokens}, {s.hidden}]", "rms_norm",
+                  call=lambda: K.rms_norm_quantize_fp8(x, weight, 1e-5, residual), check=check, bytes=least,
+                  candidates=[({"num_warps": w}, {}) for w in (2, 4, 8, 16, 32)])]
+
+
 def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     """A decoder layer's four projections at a small decode batch (attention left out: the same either
     way), as the engine runs them unfused (cuBLAS, RMSNorm + residual, SiLU-and-mul kernels: 7 launches
@@ -653,6 +676,7 @@ def cases(s: Sizes, gen) -> dict[str, Callable[[], list[Bench]]]:
         "rms_norm": lambda: [rms_norm_bench(s, gen)],
         "silu": lambda: [silu_bench(s, gen)],
         "silu_fp8": lambda: silu_fp8_benches(s, gen),
+        "rms_norm_fp8": lambda: rms_norm_fp8_benches(s, gen),
         "layer_small_batch": lambda: [b for rows in SMALL_BATCHES for b in layer_projection_benches(s, rows, gen)],
         "layer_single_row": lambda: layer_projection_benches(s, 1, gen),
         "fp8_gemm": lambda: [b for rows in s.fp8_gemm_rows for b in fp8_gemm_benches(s, rows, gen)],

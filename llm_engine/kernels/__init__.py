@@ -30,7 +30,12 @@ from llm_engine.kernels.kv_store import (
     write_kv_cache_ref,
 )
 from llm_engine.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
-from llm_engine.kernels.rms_norm import rms_norm, rms_norm_ref
+from llm_engine.kernels.rms_norm import (
+    rms_norm,
+    rms_norm_quantize_fp8,
+    rms_norm_quantize_fp8_ref,
+    rms_norm_ref,
+)
 from llm_engine.kernels.rotary import apply_rotary_ref
 from llm_engine.kernels.rotary_kv_cache import rotary_and_write_kv, rotary_and_write_kv_ref
 from llm_engine.kernels.skinny_linear import SKINNY_MAX_ROWS, fits_skinny_linear, skinny_linear, skinny_linear_ref
@@ -65,6 +70,8 @@ __all__ = [
     "quantize_fp8_ref",
     "quantize_fp8_weight_ref",
     "rms_norm",
+    "rms_norm_quantize_fp8",
+    "rms_norm_quantize_fp8_ref",
     "rms_norm_ref",
     "rotary_and_write_kv",
     "rotary_and_write_kv_ref",

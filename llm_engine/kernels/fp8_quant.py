@@ -6,8 +6,9 @@
 - activations per token, dynamically: each row of x [M, K] likewise at every call
   (quantize_fp8_per_token, a Triton kernel), or with one static scale for all rows when a
   checkpoint brings an `input_scale`. The down projection's input, silu(gate) * up, is quantized by the
-  kernel that computes it (silu_and_mul_quantize_fp8: the gate's output is not written in bf16 and read
-  back, 6% of a step of workload (b) with FP8 weights went to that separate quantization).
+  kernel that computes it (silu_and_mul_quantize_fp8), as the qkv and gate_up inputs are by the norm's
+  (rms_norm.rms_norm_quantize_fp8): the rows are not written in bf16 and read back (the separate quantizer
+  took 6% of a step of workload (b) with FP8 weights).
 
 The roundings are those of kv_store.quantize_fp8_ref (the FP8 KV cache's): the scale one float32
 multiplication of amax by float32(1 / 448) (kv_store.fp8_scale_ref: not `amax / 448`, which torch

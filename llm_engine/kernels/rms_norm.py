@@ -1,4 +1,6 @@
-"""RMSNorm, optionally fused with the residual add that precedes it in a transformer block."""
+"""RMSNorm, optionally fused with the residual add that precedes it in a transformer block, and, for a
+projection with FP8 weights and per-token activation scales, with the quantization after it
+(rms_norm_quantize_fp8: the normed rows are not written in the model's dtype and read back)."""
 from __future__ import annotations
 
 import torch
@@ -13,6 +15,8 @@ from llm_engine.kernels._validate import (
     expect_shape,
     output_like,
 )
+from llm_engine.kernels.fp8_quant import FP8, quantize_fp8_per_token_ref
+from llm_engine.kernels.kv_store import FP8_E4M3_INV_MAX_C, _round_to_e4m3
 from llm_engine.kernels.launch_config import launch_params
 
 
@@ -37,11 +41,12 @@ def rms_norm_ref(
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
+    x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr, scale_ptr,
     stride_x, stride_residual, stride_out, stride_new_residual,
     hidden_size, eps,
     BLOCK_H: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    QUANTIZE: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_H)
@@ -56,6 +61,11 @@ def _rms_norm_kernel(
     mean_square = tl.sum(x * x, axis=0) / hidden_size
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out = x * tl.math.rsqrt(mean_square + eps) * w
+    if QUANTIZE:  # as rms_norm's output in x's dtype, then fp8_quant's per-token quantizer, to the bit
+        out = out.to(x_ptr.dtype.element_ty).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(out), axis=0) * FP8_E4M3_INV_MAX_C, 1e-12)
+        tl.store(scale_ptr + row, scale)
+        out = _round_to_e4m3(tl.clamp(tl.math.div_rn(out, scale), -448.0, 448.0))
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -71,22 +81,48 @@ def rms_norm(
     `out`: where the normed rows go."""
     _check_args(x, weight, residual)
     expect_launchable("x", x, "rms_norm_ref")
-    num_tokens, hidden_size = x.shape
     out = output_like(out, x)
-    if num_tokens:
-        has_residual = residual is not None
-        residual_arg = residual if has_residual else x
-        new_residual = residual if has_residual else out  # (not written without a residual)
-        params = launch_params("rms_norm", x.device)
-        _rms_norm_kernel[(num_tokens,)](
-            x, residual_arg, weight, out, new_residual,
-            x.stride(0), residual_arg.stride(0), out.stride(0), new_residual.stride(0),
-            hidden_size, eps,
-            BLOCK_H=triton.next_power_of_2(hidden_size),
-            HAS_RESIDUAL=has_residual,
-            num_warps=params["num_warps"],
-        )
+    _launch(x, weight, eps, residual, out, None)
     return out if residual is None else (out, residual)
+
+
+def rms_norm_quantize_fp8_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_ref's normed rows quantized per token (fp8_quant.quantize_fp8_per_token_ref): (e4m3 [T, H],
+    float32 scales [T]); residual, given, updated in place as rms_norm_ref updates it."""
+    normed = rms_norm_ref(x, weight, eps, residual)
+    return quantize_fp8_per_token_ref(normed if residual is None else normed[0])
+
+
+def rms_norm_quantize_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                          residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_quantize_fp8_ref's result, bit for bit rms_norm then quantize_fp8_per_token, in one launch."""
+    _check_args(x, weight, residual)
+    expect_launchable("x", x, "rms_norm_quantize_fp8_ref")
+    values = torch.empty(x.shape, dtype=FP8, device=x.device)
+    scale = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    _launch(x, weight, eps, residual, values, scale)
+    return values, scale
+
+
+def _launch(x, weight, eps, residual, out, scale) -> None:
+    """One program per row; `scale` given: out is e4m3 and the row's scale goes there."""
+    num_tokens, hidden_size = x.shape
+    if not num_tokens:
+        return
+    has_residual = residual is not None
+    residual_arg = residual if has_residual else x
+    new_residual = residual if has_residual else x  # (not written without a residual)
+    params = launch_params("rms_norm", x.device)
+    _rms_norm_kernel[(num_tokens,)](
+        x, residual_arg, weight, out, new_residual, out if scale is None else scale,
+        x.stride(0), residual_arg.stride(0), out.stride(0), new_residual.stride(0),
+        hidden_size, eps,
+        BLOCK_H=triton.next_power_of_2(hidden_size),
+        HAS_RESIDUAL=has_residual,
+        QUANTIZE=scale is not None,
+        num_warps=params["num_warps"],
+    )
 
 
 def _check_args(x, weight, residual) -> None:

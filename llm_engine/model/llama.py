@@ -77,7 +77,8 @@ class LlamaDecoderLayer(nn.Module):
     def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The layer's attention output [T, Hq * D] -> its output [T, H]; residual updated in place
         (the residual add is fused into the next norm)."""
-        hidden, _ = self.post_attention_layernorm(self.self_attn.o_proj(attn_out), residual)
+        hidden = self.post_attention_layernorm.for_projection(self.mlp.gate_up_proj, self.self_attn.o_proj(attn_out),
+                                                              residual)
         return self.mlp(hidden)
 
     def add_attention_and_mlp(self, attn_out: torch.Tensor, residual: torch.Tensor) -> None:
@@ -118,7 +119,8 @@ class LlamaModel(nn.Module):
             residual = embedded if residual is None else residual.copy_(embedded)
         fused = self.fuses(residual)
         if i == 0:
-            hidden = residual if fused else self.layers[0].input_layernorm(residual)
+            first = self.layers[0]
+            hidden = residual if fused else first.input_layernorm.for_projection(first.self_attn.qkv_proj, residual)
         elif fused:
             self.layers[i - 1].add_attention_and_mlp(attn_out, residual)
             if i == len(self.layers):
@@ -128,7 +130,7 @@ class LlamaModel(nn.Module):
             hidden = self.layers[i - 1].after_attention(attn_out, residual)
             if i == len(self.layers):
                 return self.norm(hidden, residual, out=out)
-            hidden, residual = self.layers[i].input_layernorm(hidden, residual)
+            hidden = self.layers[i].input_layernorm.for_projection(self.layers[i].self_attn.qkv_proj, hidden, residual)
         layer = self.layers[i]
         return layer.self_attn.project(positions, hidden, slot_mapping, out,
                                        layer.input_layernorm if fused else None), residual

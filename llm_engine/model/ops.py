@@ -33,6 +33,7 @@ def _select(name: str) -> Callable:
 
 
 rms_norm = _select("rms_norm")
+rms_norm_quantize_fp8 = _select("rms_norm_quantize_fp8")
 silu_and_mul = _select("silu_and_mul")
 rotary_and_write_kv = _select("rotary_and_write_kv")
 paged_decode_attention = _select("paged_decode_attention")

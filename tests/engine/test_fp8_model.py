@@ -39,6 +39,7 @@ from llm_engine.kernels import (
     dequantize_fp8_weight_ref,
     quantize_fp8_per_token_ref,
     quantize_fp8_weight_ref,
+    rms_norm_ref,
     silu_and_mul_ref,
 )
 from llm_engine.kernels.fp8_gemm import FAST_ACCUM_GROUP
@@ -484,18 +485,21 @@ def test_fp8_decode_steps_compute_the_w8a8_function(run_device, tiny_checkpoints
     assert_w8a8_logits(got, expected, run_device)
 
 
-def test_the_down_projection_takes_the_gates_quantized_rows(tiny_checkpoints, monkeypatch):
-    """With per-token scales the SwiGLU gate's kernel quantizes the down projection's input (one launch fewer
-    a layer), and the logits are those of the gate and the quantizer apart, to the bit."""
+def test_projections_take_rows_quantized_by_the_kernel_before(tiny_checkpoints, monkeypatch):
+    """With per-token scales the norms' kernels quantize the qkv and gate_up inputs and the SwiGLU gate's the down
+    projection's (a launch fewer each), and the logits are those of the ops and the quantizer apart, to the bit."""
     runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8")
     ids = runner.tokenizer.encode(PROMPTS[0])
-    calls, fused_op = [], ops.silu_and_mul_quantize_fp8
-    monkeypatch.setattr(ops, "silu_and_mul_quantize_fp8", lambda x: calls.append(x.shape) or fused_op(x))
+    calls = []
+    for name in ("silu_and_mul_quantize_fp8", "rms_norm_quantize_fp8"):
+        op = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *args, op=op, name=name: calls.append(name) or op(*args))
     fused = every_position_logits(runner, ids)
-    assert len(calls) == runner.model_config.num_hidden_layers
+    layers = runner.model_config.num_hidden_layers
+    assert calls.count("silu_and_mul_quantize_fp8") == layers and calls.count("rms_norm_quantize_fp8") == 2 * layers
     monkeypatch.setattr(Linear, "takes_quantized_rows", property(lambda self: False))
     assert torch.equal(every_position_logits(runner, ids), fused)
-    assert len(calls) == runner.model_config.num_hidden_layers
+    assert len(calls) == 3 * layers
 
 
 def fast_accumulating_fp8_matmul(bits: int):
@@ -514,9 +518,9 @@ def fast_accumulating_fp8_matmul(bits: int):
 
 
 def emulate_fast_accumulation(monkeypatch, bits: int, quantize_inputs: bool = True) -> None:
-    """Every W8A8 GEMM of the model (ops.fp8_linear, and ops.fp8_matmul after the gate's quantizing kernel)
-    through fast_accumulating_fp8_matmul; its activations quantized per token as the references do, or
-    (quantize_inputs False) left as they are: W8A16."""
+    """Every W8A8 GEMM of the model (ops.fp8_linear, and ops.fp8_matmul after the norms' and the gate's
+    quantizing kernels) through fast_accumulating_fp8_matmul; its activations quantized per token as the
+    references do, or (quantize_inputs False) left as they are: W8A16."""
     matmul = fast_accumulating_fp8_matmul(bits)
 
     def quantize(x, input_scale=None):
@@ -528,6 +532,8 @@ def emulate_fast_accumulation(monkeypatch, bits: int, quantize_inputs: bool = Tr
     monkeypatch.setattr(ops, "fp8_linear", linear)
     monkeypatch.setattr(ops, "fp8_matmul", matmul)
     monkeypatch.setattr(ops, "silu_and_mul_quantize_fp8", lambda x: quantize(silu_and_mul_ref(x)))
+    monkeypatch.setattr(ops, "rms_norm_quantize_fp8", lambda x, weight, eps, residual=None: quantize(
+        rms_norm_ref(x, weight, eps) if residual is None else rms_norm_ref(x, weight, eps, residual)[0]))
 
 
 def test_gpu_bounds_hold_under_emulated_fast_accumulation(monkeypatch, tiny_checkpoints, hf_fake_quantized):

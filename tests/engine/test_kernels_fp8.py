@@ -1,4 +1,4 @@
-"""FP8 weights (W8A8): the per-token activation quantizer (also fused after the SwiGLU gate), the FP8 GEMM,
+"""FP8 weights (W8A8): the per-token activation quantizer (also fused after the SwiGLU gate and RMSNorm), the FP8 GEMM,
 fp8_linear's and fp8_matmul's dispatch and the fused
 small-batch projections with e4m3 weights, each against its torch reference, which dequantizes to float32 and
 multiplies there (CPU torch has no float8 matmul); and quantize-dequantize round trips, exact where e4m3 is."""
@@ -21,6 +21,9 @@ from llm_engine.kernels import (
     quantize_fp8_per_token,
     quantize_fp8_per_token_ref,
     quantize_fp8_weight_ref,
+    rms_norm,
+    rms_norm_quantize_fp8,
+    rms_norm_quantize_fp8_ref,
     silu_and_mul,
     silu_and_mul_quantize_fp8,
     silu_and_mul_quantize_fp8_ref,
@@ -58,7 +61,8 @@ def linear_params(x, weight):
     """The launch params of the GEMM fp8_linear runs for x: its row bucket's, backend triton where
     torch._scaled_mm cannot take the product."""
     params = launch_params_for_rows("fp8_gemm", x.device, x.shape[0])
-    return params if params["backend"] == "triton" or scaled_mm_fits(x, weight, x.dtype) else {**params, "backend": "triton"}
+    fits = params["backend"] == "triton" or scaled_mm_fits(x, weight, x.dtype)
+    return params if fits else {**params, "backend": "triton"}
 
 
 def randn(gen, *shape, dtype=torch.float32, device="cpu", scale=1.0):
@@ -113,6 +117,30 @@ def test_gated_quantization_is_the_gate_then_the_quantizer_bit_for_bit(gen, devi
     assert same_bytes(values, expected_values) and torch.equal(scale, expected_scale)
     ref_values, ref_scale = silu_and_mul_quantize_fp8_ref(x)
     torch.testing.assert_close(scale, ref_scale, rtol=2.0 ** -7, atol=0)  # amax, as the gate's dtype rounds it
+    got, want = values.float() * scale[:, None], ref_values.float() * ref_scale[:, None]
+    assert ((got - want).abs() <= want.abs() * 2.0 ** -3 + ref_scale[:, None] * 2.0 ** -9).all()
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
+@pytest.mark.parametrize("rows, hidden", [(1, 16), (4, 100), (3, 333)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_normed_quantization_is_the_norm_then_the_quantizer_bit_for_bit(gen, device, dtype, rows, hidden,
+                                                                         with_residual):
+    """rms_norm_quantize_fp8 gives the bytes and scales of rms_norm's output quantized per token, and updates the
+    residual as rms_norm does; its reference is the two references'."""
+    x = randn(gen, rows, hidden, dtype=dtype, device=device, scale=2.0)
+    weight = randn(gen, hidden, dtype=dtype, device=device)
+    residual = randn(gen, rows, hidden, dtype=dtype, device=device) if with_residual else None
+    copies = [None if residual is None else residual.clone() for _ in range(3)]
+    normed = rms_norm(x, weight, 1e-5, copies[0])
+    expected_values, expected_scale = quantize_fp8_per_token(normed if residual is None else normed[0])
+    values, scale = rms_norm_quantize_fp8(x, weight, 1e-5, copies[1])
+    assert values.dtype == FP8 and values.shape == (rows, hidden) and scale.shape == (rows,)
+    assert same_bytes(values, expected_values) and torch.equal(scale, expected_scale)
+    if residual is not None:
+        assert torch.equal(copies[1], copies[0])
+    ref_values, ref_scale = rms_norm_quantize_fp8_ref(x, weight, 1e-5, copies[2])
+    torch.testing.assert_close(scale, ref_scale, rtol=2.0 ** -6, atol=0)  # the norms' roundings: two bf16 ulps
     got, want = values.float() * scale[:, None], ref_values.float() * ref_scale[:, None]
     assert ((got - want).abs() <= want.abs() * 2.0 ** -3 + ref_scale[:, None] * 2.0 ** -9).all()
 
