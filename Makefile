@@ -16,8 +16,8 @@ demo: artifacts
 	$(BIN)/ragstack demo
 
 # Every tier: what CI runs. Two workers, a file's tests on one of them, each worker with a session server of
-# its own: the server tiers wait on processes about half the time, so the second core fills that (12.5 min
-# instead of 17.5 on 2 cores).
+# its own: the server tiers wait on processes about half the time, so the second core fills that
+# (about 11 min instead of 17.5 on 2 cores).
 test: artifacts
 	$(BIN)/python -m pytest -ra -n 2 --dist loadfile $(PYTEST_ARGS)
 

@@ -11,8 +11,8 @@ Cases (issue targets): decode attention, bf16 KV, B=64 x 4096 (>= 80% of copy ba
 bf16 KV decode at 32k (>= 1.6x), and both at workload (b)'s decode shape (B=512 x 777); causal
 prefill 1 x 8192 and 4 x 2048 (>= 400 TFLOP/s, torch SDPA flash on the same q/k/v alongside);
 rotary + write_kv_cache bf16/FP8, rms_norm + residual, silu_and_mul (`rms_norm_fp8`, `silu_fp8`: with the
-per-token FP8 quantization after it, two kernels against the fused one, for FP8 weights); a layer's four projections at
-decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and fused (skinny_linear), so
+per-token FP8 quantization after it, two kernels against the fused one, for FP8 weights); a layer's four
+projections at decode batches of 1, 8 and 16 rows, unfused (cuBLAS and the small kernels) and fused (skinny_linear), so
 the launch config's skinny_linear max_rows can be set from the ratio (towards (a)'s 85% of the roofline).
 Shapes are Llama-3-8B's: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, MLP 14336.
 

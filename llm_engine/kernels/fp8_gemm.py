@@ -299,10 +299,10 @@ def fp8_matmul(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """fp8_gemm_ref's result on activations already quantized (fp8_linear's, or a fused kernel's): the
-    GEMM by the backend of the launch config's row bucket for a's rows."""
-    _check_gemm_args(a, a_scale, b, b_scale, bias, out_dtype)
+    GEMM by the backend of the launch config's row bucket for a's rows (fp8_gemm checks its own arguments)."""
     params = launch_params_for_rows("fp8_gemm", a.device, a.shape[0])
     if params["backend"] == "scaled_mm" and scaled_mm_fits(a, b, out_dtype):
+        _check_gemm_args(a, a_scale, b, b_scale, bias, out_dtype)
         out = torch._scaled_mm(a, b.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :],
                                out_dtype=out_dtype, use_fast_accum=params.get("fast_accum", True))
         return out if bias is None else out.add_(bias)

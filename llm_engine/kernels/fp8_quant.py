@@ -13,11 +13,11 @@
 The roundings are those of kv_store.quantize_fp8_ref (the FP8 KV cache's): the scale one float32
 multiplication of amax by float32(1 / 448) (kv_store.fp8_scale_ref: not `amax / 448`, which torch
 computes one way on CUDA and another on the CPU), x / scale correctly rounded, clamped to +-448, rounded
-to the nearest e4m3 value, ties to even. The kernel reproduces them bit for bit on every device
-(the same multiplication, div_rn, kv_store._round_to_e4m3), so its bytes and scales equal the
-reference's. That matters beyond the last bit of a scale: bf16 inputs often sit exactly halfway between
-two e4m3 values of their row's grid, and a scale one ulp off rounds those the other way, a whole e4m3
-step (up to 1/8 of the value).
+to the nearest e4m3 value, ties to even. The kernels reproduce them bit for bit on every device
+(kv_store.fp8_scale and kv_store.to_e4m3: the same multiplication, div_rn, ties to even), so their bytes
+and scales equal the reference's. That matters beyond the last bit of a scale: bf16 inputs often sit exactly
+halfway between two e4m3 values of their row's grid, and a scale one ulp off rounds those the other way, a
+whole e4m3 step (up to 1/8 of the value).
 """
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ from llm_engine.kernels._validate import (
     expect_same_device,
 )
 from llm_engine.kernels.kv_store import (
-    FP8_E4M3_INV_MAX_C,
     FP8_E4M3_MAX,
     FP8_SCALE_MIN,
-    _round_to_e4m3,
+    fp8_scale,
     quantize_fp8_ref,
+    to_e4m3,
 )
 from llm_engine.kernels.launch_config import launch_params
 
@@ -103,18 +103,16 @@ def _quantize_per_token_kernel(
                 tile = _row_tile(x_row, k_start + ks, k_start + ks < K, K, GATED)
                 running = tl.maximum(running, tl.abs(tile))
             amax = tl.max(running, axis=0)
-        # fp8_scale_ref's one multiplication (no division: torch's own `/ 448` differs between devices),
-        # then correctly rounded divisions, as torch's by a tensor: the bytes match quantize_fp8_ref's.
-        scale = tl.maximum(amax * FP8_E4M3_INV_MAX_C, 1e-12)
+        scale = fp8_scale(amax)  # no division: torch's own `/ 448` differs between devices
     tl.store(scale_ptr + row, scale)
     if ONE_TILE:
-        q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
+        q = to_e4m3(x, scale)
         tl.store(out_row + ks, q.to(out_ptr.dtype.element_ty), mask=ks < K)
     else:
         for k_start in range(0, K, BLOCK_K):
             mask = k_start + ks < K
             tile = _row_tile(x_row, k_start + ks, mask, K, GATED)
-            q = _round_to_e4m3(tl.clamp(tl.math.div_rn(tile, scale), -448.0, 448.0))
+            q = to_e4m3(tile, scale)
             tl.store(out_row + k_start + ks, q.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -134,6 +134,19 @@ def _round_to_e4m3(y):
 
 
 @triton.jit
+def fp8_scale(amax):
+    """fp8_scale_ref in a kernel: amax * float32(1 / 448), one rounding, at least FP8_SCALE_MIN."""
+    return tl.maximum(amax * FP8_E4M3_INV_MAX_C, 1e-12)
+
+
+@triton.jit
+def to_e4m3(x, scale):
+    """x / scale correctly rounded (as torch divides by a tensor), clamped to +-448 and rounded to the nearest
+    e4m3 value, in float32: with fp8_scale, quantize_fp8_ref's bytes exactly on every device."""
+    return _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
+
+
+@triton.jit
 def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_head, num_kv_heads,
                       HALF_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       IS_FP8: tl.constexpr):
@@ -147,11 +160,9 @@ def store_token_heads(x1, x2, cache_ptr, scale_ptr, slot, stride_slot, stride_he
     dst = cache_ptr + slot * stride_slot + heads[:, None] * stride_head + dims
     if IS_FP8:
         amax = tl.maximum(tl.max(tl.abs(x1), axis=1), tl.max(tl.abs(x2), axis=1))
-        # fp8_scale_ref's multiplication, then correctly rounded divisions: the bytes and scales are
-        # quantize_fp8_ref's exactly.
-        scale = tl.maximum(amax * FP8_E4M3_INV_MAX_C, 1e-12)
-        x1 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x1, scale[:, None]), -448.0, 448.0))
-        x2 = _round_to_e4m3(tl.clamp(tl.math.div_rn(x2, scale[:, None]), -448.0, 448.0))
+        scale = fp8_scale(amax)
+        x1 = to_e4m3(x1, scale[:, None])
+        x2 = to_e4m3(x2, scale[:, None])
         tl.store(scale_ptr + ((slot // PAGE_SIZE) * num_kv_heads + heads) * PAGE_SIZE + slot % PAGE_SIZE, scale,
                  mask=head_mask)
     tl.store(dst, x1.to(cache_ptr.dtype.element_ty), mask=mask)

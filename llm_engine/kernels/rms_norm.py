@@ -16,7 +16,7 @@ from llm_engine.kernels._validate import (
     output_like,
 )
 from llm_engine.kernels.fp8_quant import FP8, quantize_fp8_per_token_ref
-from llm_engine.kernels.kv_store import FP8_E4M3_INV_MAX_C, _round_to_e4m3
+from llm_engine.kernels.kv_store import fp8_scale, to_e4m3
 from llm_engine.kernels.launch_config import launch_params
 
 
@@ -63,9 +63,9 @@ def _rms_norm_kernel(
     out = x * tl.math.rsqrt(mean_square + eps) * w
     if QUANTIZE:  # as rms_norm's output in x's dtype, then fp8_quant's per-token quantizer, to the bit
         out = out.to(x_ptr.dtype.element_ty).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(out), axis=0) * FP8_E4M3_INV_MAX_C, 1e-12)
+        scale = fp8_scale(tl.max(tl.abs(out), axis=0))
         tl.store(scale_ptr + row, scale)
-        out = _round_to_e4m3(tl.clamp(tl.math.div_rn(out, scale), -448.0, 448.0))
+        out = to_e4m3(out, scale)
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -77,9 +77,8 @@ class LlamaDecoderLayer(nn.Module):
     def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The layer's attention output [T, Hq * D] -> its output [T, H]; residual updated in place
         (the residual add is fused into the next norm)."""
-        hidden = self.post_attention_layernorm.for_projection(self.mlp.gate_up_proj, self.self_attn.o_proj(attn_out),
-                                                              residual)
-        return self.mlp(hidden)
+        attended = self.self_attn.o_proj(attn_out)
+        return self.mlp(self.post_attention_layernorm.for_projection(self.mlp.gate_up_proj, attended, residual))
 
     def add_attention_and_mlp(self, attn_out: torch.Tensor, residual: torch.Tensor) -> None:
         """after_attention for a step of few rows on one rank, in three fused projections: o into the
@@ -118,9 +117,9 @@ class LlamaModel(nn.Module):
             embedded = self.embed_tokens(input_ids)
             residual = embedded if residual is None else residual.copy_(embedded)
         fused = self.fuses(residual)
+        layer = self.layers[i] if i < len(self.layers) else None  # the layer whose q this piece projects
         if i == 0:
-            first = self.layers[0]
-            hidden = residual if fused else first.input_layernorm.for_projection(first.self_attn.qkv_proj, residual)
+            hidden = residual if fused else layer.input_layernorm.for_projection(layer.self_attn.qkv_proj, residual)
         elif fused:
             self.layers[i - 1].add_attention_and_mlp(attn_out, residual)
             if i == len(self.layers):
@@ -130,8 +129,7 @@ class LlamaModel(nn.Module):
             hidden = self.layers[i - 1].after_attention(attn_out, residual)
             if i == len(self.layers):
                 return self.norm(hidden, residual, out=out)
-            hidden = self.layers[i].input_layernorm.for_projection(self.layers[i].self_attn.qkv_proj, hidden, residual)
-        layer = self.layers[i]
+            hidden = layer.input_layernorm.for_projection(layer.self_attn.qkv_proj, hidden, residual)
         return layer.self_attn.project(positions, hidden, slot_mapping, out,
                                        layer.input_layernorm if fused else None), residual
 

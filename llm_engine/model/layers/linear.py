@@ -4,8 +4,8 @@ An FP8 projection (`quant` given: llm_engine/quantization.py) holds `weight` as 
 with a float32 `weight_scale` [out] (per output channel), and, for a checkpoint with static activation
 scales, a scalar `input_scale`; it multiplies through ops.fp8_linear (x quantized per token, or by the
 input scale, then the FP8 GEMM), or, given x already quantized per token (QuantizedRows: the kernel before
-quantized its own output), through ops.fp8_matmul. The loader fills `weight_scale` from the checkpoint, or, quantizing an
-unquantized checkpoint as it loads, from each weight it quantizes (model/loader.py).
+quantized its own output), through ops.fp8_matmul. The loader fills `weight_scale` from the checkpoint, or,
+quantizing an unquantized checkpoint as it loads, from each weight it quantizes (model/loader.py).
 """
 from __future__ import annotations
 
