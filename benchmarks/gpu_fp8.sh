@@ -19,7 +19,7 @@
 # within 8 minutes.
 # `bash benchmarks/gpu_fp8.sh step` runs instead (b)'s step study: the fused per-token quantizers (the norm's and
 # the SwiGLU gate's) against the kernels they replace, tiles swept; (b) with bf16 and FP8 weights + FP8 KV; and
-# where a (b) step's time goes with FP8 (profile_engine, steps 300-340).
+# where a (b) step's time goes with FP8 (profile_engine, steps 300-340); then (b) both ways at max_num_seqs 1024.
 # `bash benchmarks/gpu_fp8.sh sweep` runs instead (a)'s single-row study: the FP8 single-row chain's tiles swept
 # and each projection alone at one row, bf16 and FP8 (sweep.json); (a) with bf16, FP8 as configured and FP8
 # with the sweep's best tile; then the kernel targets (FP8 GEMM, prefill 8k, FP8 KV decode at 32k, the
@@ -65,6 +65,11 @@ if [ "${1:-fp8}" = step ]; then
         --engine '{}' --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
     step profile "$OUT" 110 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
         --final-only --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --top 14
+    # With twice the sequences a step: (b)'s 1000 requests in one wave, fewer steps of its ramp and tail.
+    step engine_1024 "$OUT" 240 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
+        --engine '{"max_num_seqs": 1024}' \
+        --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_num_seqs": 1024}' \
+        --record "$OUT/engine_1024.jsonl"
     echo "===== kernels"; grep -E "^\| |sweep:|^Best|^limits" "$OUT/kernels.log" | cut -c1-200
     echo "===== engine"; grep -E "^\|" "$OUT/engine.log" | cut -c1-250
     echo "===== profile"; tail -n 30 "$OUT/profile.log" | cut -c1-200
