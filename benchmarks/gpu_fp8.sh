@@ -71,7 +71,7 @@ if [ "${1:-fp8}" = step ]; then
         --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_num_seqs": 1024}' \
         --record "$OUT/engine_1024.jsonl"
     echo "===== kernels"; grep -E "^\| |sweep:|^Best|^limits" "$OUT/kernels.log" | cut -c1-200
-    echo "===== engine"; grep -E "^\|" "$OUT/engine.log" | cut -c1-250
+    echo "===== engine"; grep -hE "^\|" "$OUT/engine.log" "$OUT/engine_1024.log" | cut -c1-250
     echo "===== profile"; tail -n 30 "$OUT/profile.log" | cut -c1-200
     echo "===== steps"; cat "$OUT/steps.log"
     echo "total $(($(date +%s) - START)) s"
