@@ -18,7 +18,8 @@
 # dequantize_min_tokens), and the prefill kernels alone (8k, 8k FP8, the 8k-of-16k chunk three ways), also
 # within 8 minutes.
 # `bash benchmarks/gpu_fp8.sh step` runs instead (b)'s step study: the fused per-token quantizers (the norm's and
-# the SwiGLU gate's) against the kernels they replace, tiles swept; (b) with bf16 and FP8 weights + FP8 KV; and
+# the SwiGLU gate's) against the kernels they replace, tiles swept; the single-row chains with the K loop
+# unrolled and not; (a) and (b) with bf16 and FP8 weights + FP8 KV; and
 # where a (b) step's time goes with FP8 (profile_engine, steps 300-340); then (b) both ways at max_num_seqs 1024.
 # `bash benchmarks/gpu_fp8.sh sweep` runs instead (a)'s single-row study: the FP8 single-row chain's tiles swept
 # and each projection alone at one row, bf16 and FP8 (sweep.json); (a) with bf16, FP8 as configured and FP8
@@ -61,7 +62,9 @@ fi
 if [ "${1:-fp8}" = step ]; then
     step kernels "$OUT" 150 "$PY" -m benchmarks.bench_kernels --cases rms_norm_fp8,silu_fp8 --sweep \
         --json "$OUT/sweep.json" --record "$OUT/kernels.jsonl"
-    step engine "$OUT" 200 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
+    step kernels_row "$OUT" 90 "$PY" -m benchmarks.bench_kernels --cases layer_single_row,layer_single_row_fp8 \
+        --record "$OUT/kernels_row.jsonl"
+    step engine "$OUT" 220 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a,b --no-hf \
         --engine '{}' --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
     step profile "$OUT" 110 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
         --final-only --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --top 14
@@ -70,7 +73,7 @@ if [ "${1:-fp8}" = step ]; then
         --engine '{"max_num_seqs": 1024}' \
         --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_num_seqs": 1024}' \
         --record "$OUT/engine_1024.jsonl"
-    echo "===== kernels"; grep -E "^\| |sweep:|^Best|^limits" "$OUT/kernels.log" | cut -c1-200
+    echo "===== kernels"; grep -hE "^\| |sweep:|^Best|^limits" "$OUT/kernels.log" "$OUT/kernels_row.log" | cut -c1-200
     echo "===== engine"; grep -hE "^\|" "$OUT/engine.log" "$OUT/engine_1024.log" | cut -c1-250
     echo "===== profile"; tail -n 30 "$OUT/profile.log" | cut -c1-200
     echo "===== steps"; cat "$OUT/steps.log"
