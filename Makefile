@@ -26,7 +26,7 @@ test: artifacts
 # grid and of the model's runs: tests/engine/tiers.py), on every core, torch's threads shared out among
 # the workers (tests/conftest.py); about 40 s on 2 cores;
 # a file's tests stay on one worker, in order (module fixtures hold engines and process groups).
-test-fast: setup
+test-fast: artifacts
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider -m 'not slow' tests/unit tests/engine $(PYTEST_ARGS)
 
 # The real server: the session server and servers of their own; then killed processes, overload, load cycles.
