@@ -368,9 +368,11 @@ def rms_norm_fp8_benches(s: Sizes, gen) -> list[Bench]:
 
     def check(_):
         values, scale = K.rms_norm_quantize_fp8(x, weight, 1e-5, start.clone())
-        same = torch.equal(values.view(torch.uint8), expected[0].view(torch.uint8)) and torch.equal(scale, expected[1])
-        if not same:
-            raise AssertionError("rms_norm_quantize_fp8: not the bytes of rms_norm then the quantizer")
+        bytes_apart = int((values.view(torch.uint8) != expected[0].view(torch.uint8)).sum())
+        scales_apart = int((scale != expected[1]).sum())
+        if bytes_apart or scales_apart:
+            raise AssertionError(f"rms_norm_quantize_fp8: not the bytes of rms_norm then the quantizer: {bytes_apart} "
+                                 f"of {values.numel()} bytes and {scales_apart} of {scale.numel()} scales differ")
 
     least = 3 * x.nbytes + x.nbytes // 2 + weight.nbytes + 4 * s.tokens  # x, residual in; residual, e4m3 out
     return [Bench("rms_norm + quantize fp8, two kernels", f"[{s.tokens}, {s.hidden}]", None,

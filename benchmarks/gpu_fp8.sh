@@ -17,11 +17,11 @@
 # (h200.json: prefill chunks of at least 1024 tokens dequantized to a bf16 scratch cache first, launch config
 # dequantize_min_tokens), and the prefill kernels alone (8k, 8k FP8, the 8k-of-16k chunk three ways), also
 # within 8 minutes.
-# `bash benchmarks/gpu_fp8.sh step` runs instead (b)'s step study: the fused per-token quantizers (the norm's and
-# the SwiGLU gate's) against the kernels they replace, tiles swept; the single-row chains with the K loop
-# unrolled and not; (a) and (b) with bf16 and FP8 weights + FP8 KV; and
-# (b) with FP8 weights + FP8 KV with every prefill call dequantized first, and both ways at max_num_seqs 1024; then
-# where a (b) step's time goes with FP8 (profile_engine, steps 300-340).
+# `bash benchmarks/gpu_fp8.sh step` runs instead (b)'s step study: the quantizers' GPU tests (bytes as the
+# unfused kernels give them); the fused per-token quantizers (the norm's and the SwiGLU gate's) against the
+# kernels they replace, tiles swept; (a) and (b) with bf16 and FP8 weights + FP8 KV; (b) with every prefill
+# call over FP8 KV dequantized first, and the FP8 row again; then where a (b) step's time goes with FP8
+# (profile_engine, steps 300-340).
 # `bash benchmarks/gpu_fp8.sh sweep` runs instead (a)'s single-row study: the FP8 single-row chain's tiles swept
 # and each projection alone at one row, bf16 and FP8 (sweep.json); (a) with bf16, FP8 as configured and FP8
 # with the sweep's best tile; then the kernel targets (FP8 GEMM, prefill 8k, FP8 KV decode at 32k, the
@@ -61,24 +61,24 @@ if [ "${1:-fp8}" = kv ]; then
     exit 0
 fi
 if [ "${1:-fp8}" = step ]; then
+    step tests "$OUT" 90 "$PY" -m pytest -q -p no:cacheprovider --confcutdir=tests/engine \
+        tests/engine/test_kernels_fp8.py -k 'quantiz and not cpu'
     step kernels "$OUT" 150 "$PY" -m benchmarks.bench_kernels --cases rms_norm_fp8,silu_fp8 --sweep \
         --json "$OUT/sweep.json" --record "$OUT/kernels.jsonl"
-    step kernels_row "$LOGS" 90 "$PY" -m benchmarks.bench_kernels --cases layer_single_row,layer_single_row_fp8 \
-        --record "$OUT/kernels.jsonl"
-    step engine "$OUT" 220 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a,b --no-hf \
+    step engine "$OUT" 160 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a,b --no-hf \
         --engine '{}' --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
-    # (b)'s prefill calls (mostly under 1024 tokens: fresh prompts read as e4m3 tiles) dequantized first; and
-    # twice the sequences a step (its 1000 requests in one wave: fewer steps of ramp and tail), both ways.
-    step engine_variants "$LOGS" 240 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
+    # (b)'s prefill calls (mostly under 1024 tokens: fresh prompts read as e4m3 tiles) dequantized first, and
+    # the configured FP8 row again: how far two runs of one setting differ.
+    step engine_variants "$LOGS" 150 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
         --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3",
                    "launch_params": {"paged_prefill_attention": {"dequantize_min_tokens": 1}}}' \
-        --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_num_seqs": 1024}' \
-        --engine '{"max_num_seqs": 1024}' --record "$OUT/engine.jsonl"
-    step profile "$LOGS" 110 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
+        --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
+    step profile "$LOGS" 90 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
         --final-only --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --top 14
-    echo "===== kernels"; grep -hE "^\| |sweep:|^Best|^limits" "$OUT/kernels.log" "$LOGS/kernels_row.log" | cut -c1-200
+    echo "===== tests"; tail -n 5 "$OUT/tests.log"
+    echo "===== kernels"; grep -hE "^\| |sweep:|^Best|^limits|differ" "$OUT/kernels.log" | cut -c1-200
     echo "===== engine"; grep -hE "^\|" "$OUT/engine.log" "$LOGS/engine_variants.log" | cut -c1-250
-    echo "===== profile"; tail -n 30 "$LOGS/profile.log" | cut -c1-200
+    echo "===== profile"; tail -n 22 "$LOGS/profile.log" | cut -c1-200
     echo "===== steps"; cat "$OUT/steps.log"
     echo "total $(($(date +%s) - START)) s"
     exit 0

@@ -7,14 +7,11 @@ kernels, cuBLAS's split-K reduces among them, took 0.60 ms of 4.46 ms per token)
 BLOCK_N weight rows along K once, in BLOCK_K-wide pipelined tiles,
 against all of x's rows (padded to the 16 rows tl.dot needs; a single row may instead be multiplied on the
 CUDA cores, launch config `single_row_on_cuda_cores` with tiles from its "single_row" entry, each thread's
-products summed along K only after the loop), and computes x' on the way. A single row's program has few
-tiles (4 at K = 4096), so each tile loaded only after the previous tile's products costs a DRAM latency:
-launch config `unroll_k` unrolls the K loop into one basic block, where the compiler issues later tiles'
-loads ahead (and the norm's pass loads all of x at once, summed across threads once).
+products summed along K only after the loop), and computes x' on the way:
 
 - plain: x' = x;
 - norm (norm_weight given): x' = rmsnorm(x) * norm_weight, each row's mean square taken in a first pass
-  over x (x is a few KB, read from L2 by every program);
+  over x (x is a few KB, read from L2 by every program), its squares summed across threads once at the end;
 - gated: x = [gate | up] and x' = silu(gate) * up.
 
 With `swiglu` the SwiGLU gate goes after the projection instead: weight = [gate rows; up rows] and the output is
@@ -130,7 +127,6 @@ def _skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    K_TILES: tl.constexpr,
     PROLOGUE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ADD_TO_OUT: tl.constexpr,
@@ -161,12 +157,10 @@ def _skinny_linear_kernel(
         gdc_wait()
     if PROLOGUE == 1:  # norm: each row's mean square over all of K first, summed across threads once
         squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-        if K_TILES > 0:
-            for tile in tl.static_range(K_TILES):
-                squares += _squares(x_rows, row_mask, tile * BLOCK_K + tl.arange(0, BLOCK_K), K)
-        else:
-            for k_start in range(0, K, BLOCK_K):
-                squares += _squares(x_rows, row_mask, k_start + tl.arange(0, BLOCK_K), K)
+        for k_start in range(0, K, BLOCK_K):
+            ks = k_start + tl.arange(0, BLOCK_K)
+            xs = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            squares += xs * xs
         rstd = tl.math.rsqrt(tl.sum(squares, axis=1) / K + eps)
     else:
         rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)  # unused
@@ -176,18 +170,11 @@ def _skinny_linear_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc = _accumulate(acc, w, x_rows, row_mask, tl.arange(0, BLOCK_K), K, rstd, norm_w_ptr,
                       EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
-    if K_TILES > 0:  # one basic block: the compiler may issue later tiles' loads before earlier tiles' products
-        for tile in tl.static_range(1, K_TILES):
-            ks = tile * BLOCK_K + tl.arange(0, BLOCK_K)
-            w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K, WEIGHT_VECTOR)
-            acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
-                              EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
-    else:
-        for k_start in range(BLOCK_K, K, BLOCK_K):
-            ks = k_start + tl.arange(0, BLOCK_K)
-            w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K, WEIGHT_VECTOR)
-            acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
-                              EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
+    for k_start in range(BLOCK_K, K, BLOCK_K):
+        ks = k_start + tl.arange(0, BLOCK_K)
+        w = _weight_tile(w_ptr, cols, col_mask, ks, K, stride_wn, EVEN_K, WEIGHT_VECTOR)
+        acc = _accumulate(acc, w, x_rows, row_mask, ks, K, rstd, norm_w_ptr,
+                          EVEN_K, PROLOGUE, USE_DOT, DOT_PRECISION, UPCAST_DOT)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]
     if W_FP8:  # each output channel's scale, once per column after the sums
@@ -205,12 +192,6 @@ def _skinny_linear_kernel(
     if ADD_TO_OUT:
         y = (y.to(tl.float32) + tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, y, mask=out_mask)
-
-
-@triton.jit
-def _squares(x_rows, row_mask, ks, K):
-    xs = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-    return xs * xs
 
 
 @triton.jit
@@ -291,7 +272,6 @@ def skinny_linear(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         EVEN_K=k % block_k == 0,
-        K_TILES=triton.cdiv(k, block_k) if params["unroll_k"] else 0,
         PROLOGUE=_NORM if norm_weight is not None else _GATED if gated else _PLAIN,
         HAS_BIAS=bias is not None,
         ADD_TO_OUT=residual is not None,
