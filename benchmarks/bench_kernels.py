@@ -27,9 +27,9 @@ that ran (float32 sums; Hopper's fast accumulation on its FP8 tensor cores and i
 grows with K), not one atol and rtol for all shapes. `layer_small_batch_fp8`
 times the fused small-batch projections (skinny_linear) with FP8 weights against bf16 ones, against the
 SwiGLU gate computed in the down projection's prologue instead of after gate_up ("gate in down": the
-layout before; `layer_small_batch` has the same pair in bf16), against the single row's K loop left a
-runtime loop ("rolled K loop": launch config unroll_k off; bf16 has it at one row too) and against the
-unfused FP8 path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row tiles);
+layout before; `layer_small_batch` has the same pair in bf16), against the e4m3 tiles loaded 16 to a
+thread ("16-byte loads": launch config weight_vector 0, the layout before) and against the unfused FP8
+path at M = 1 .. 16 (`layer_single_row_fp8`: its one-row case alone, to sweep the single-row tiles);
 `projections_single_row` times each projection alone at one row, bf16 and FP8, so that time = start-up +
 bytes / rate can be fitted over their 17-117 MB. `prefill_16k_chunk` is workload (c)'s second prefill
 chunk (8192 queries over a 16k context) with bf16 KV, FP8 KV read by the kernel as e4m3 tiles, and FP8 KV
@@ -414,11 +414,6 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     unfused_expected = unfused(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, silu_and_mul=K.silu_and_mul_ref))
     fused_expected = fused(start.clone(), K.skinny_linear_ref)
 
-    def fused_rolled_loop(residual):
-        """The single row's K loop a runtime loop (launch config unroll_k off)."""
-        with override_launch_params("skinny_linear", unroll_k=False):
-            return fused(residual)
-
     def check(chain, expected):
         def compare(_):  # a call from the same start, under the launch parameters being checked
             for actual, ref in zip(chain(start.clone()), expected):
@@ -441,10 +436,7 @@ def layer_projection_benches(s: Sizes, rows: int, gen) -> list[Bench]:
         Bench(f"layer projections b={rows} fused, gate in down", shape, "skinny_linear",
               call=lambda: fused(residual, gate_in_down=True),
               check=check(lambda r: fused(r, gate_in_down=True), fused_expected), bytes=weight_bytes),
-    ] + ([Bench(f"layer projections b={rows} fused, rolled K loop", shape, "skinny_linear",
-                call=lambda: fused_rolled_loop(residual), check=check(fused_rolled_loop, fused_expected),
-                bytes=weight_bytes)] if rows == 1 else [])  # unroll_k is a single-row parameter
-
+    ]
 
 
 FP8_BACKENDS = ("triton", "scaled_mm")
@@ -568,19 +560,19 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
     fp8_expected = fused(start.clone(), True, K.skinny_linear_ref)  # the same for every fused FP8 layout
     expected = {
         "bf16": fused(start.clone(), False, K.skinny_linear_ref),
-        "fp8": fp8_expected, "fp8 gate in down": fp8_expected, "fp8 rolled K loop": fp8_expected,
+        "fp8": fp8_expected, "fp8 gate in down": fp8_expected, "fp8 16-byte loads": fp8_expected,
         "fp8 unfused": unfused_fp8(start.clone(), SimpleNamespace(rms_norm=K.rms_norm_ref, fp8_linear=K.fp8_linear_ref,
                                                                   silu_and_mul=K.silu_and_mul_ref)),
     }
 
-    def fused_fp8_rolled_loop(residual):
-        """The K loop a runtime loop, each tile's loads issued after the previous tile's products."""
-        with override_launch_params("skinny_linear", unroll_k=False):
+    def fused_fp8_wide_loads(residual):
+        """The e4m3 tiles loaded 16 to a thread (the compiler's choice), rearranged through shared memory."""
+        with override_launch_params("skinny_linear", weight_vector=0):
             return fused(residual, True)
 
     chains = {"bf16": lambda r: fused(r, False), "fp8": lambda r: fused(r, True),
               "fp8 gate in down": lambda r: fused(r, True, gate_in_down=True),
-              "fp8 rolled K loop": fused_fp8_rolled_loop, "fp8 unfused": unfused_fp8}
+              "fp8 16-byte loads": fused_fp8_wide_loads, "fp8 unfused": unfused_fp8}
 
     def check(kind):
         def compare(_):
@@ -606,7 +598,7 @@ def layer_projection_fp8_benches(s: Sizes, rows: int, gen) -> list[Bench]:
               bytes=bf16_bytes if kind == "bf16" else fp8_bytes,
               # max_rows 16: the fused path at every row count here, whatever the launch config says
               candidates=[] if kind != "fp8" else (single_row if rows == 1 else many_rows))
-        for kind in ("bf16", "fp8", "fp8 gate in down", "fp8 rolled K loop", "fp8 unfused")
+        for kind in ("bf16", "fp8", "fp8 gate in down", "fp8 16-byte loads", "fp8 unfused")
     ]
 
 

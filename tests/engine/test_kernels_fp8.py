@@ -366,9 +366,9 @@ def test_skinny_linear_with_fp8_weights_matches_ref(gen, device, dtype, rows, mo
     residual = None if options.get("swiglu") else randn(gen, rows, out_features, dtype=dtype, device=device)
     expected = skinny_linear_ref(x, weight, bias, residual=None if residual is None else residual.clone(),
                                  weight_scale=weight_scale, **options)
-    # on the CUDA cores, the weights loaded 8 to a thread and the K loop unrolled, as h200.json has it
+    # on the CUDA cores, the weights loaded 8 to a thread as h200.json has it
     with override_launch_params("skinny_linear", single_row_on_cuda_cores=cuda_cores, BLOCK_N=8 if cuda_cores else 16,
-                                BLOCK_K=32, weight_vector=8 if cuda_cores else 0, unroll_k=cuda_cores):
+                                BLOCK_K=32, weight_vector=8 if cuda_cores else 0):
         out = skinny_linear(x, weight, bias, residual=residual, weight_scale=weight_scale, **options)
     assert out is residual if residual is not None else out.shape == (rows, out_features // 2)
     torch.testing.assert_close(out.float(), expected.float(), **SKINNY_TOLERANCE[dtype])

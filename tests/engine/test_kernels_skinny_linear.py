@@ -60,12 +60,10 @@ def test_skinny_linear_matches_ref(gen, device, dtype, rows, out_features, in_fe
 @pytest.mark.parametrize("block_n", [4, 16])
 @pytest.mark.parametrize("pdl", [False, *in_full_run(True)])  # the interpreter launches plainly either way
 @pytest.mark.parametrize("in_features", [*in_full_run(96), 100])  # whole and partial K tiles
-@pytest.mark.parametrize("unroll_k", [True, *in_full_run(False)])
-def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n, pdl, in_features, unroll_k):
+def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n, pdl, in_features):
     """The launch config may send a single row through products summed on the CUDA cores (no tl.dot,
     so tiles narrower than 16 columns too), with programmatic dependent launch on a GPU (the
-    interpreter launches plainly) and the K loop unrolled or not; tiles of 32 take the loop through
-    several tiles."""
+    interpreter launches plainly); tiles of 32 take the loop through several tiles."""
     options = dict(MODES[mode])
     x = randn(gen, 1, in_features * (2 if options.get("gated") else 1), dtype=dtype, device=device)
     weight = randn(gen, 40, in_features, dtype=dtype, device=device) / in_features**0.5
@@ -74,7 +72,7 @@ def test_single_row_on_cuda_cores_matches_ref(gen, device, dtype, mode, block_n,
     residual = None if options.get("swiglu") else randn(gen, 1, 40, dtype=dtype, device=device)
     expected = skinny_linear_ref(x, weight, residual=None if residual is None else residual.clone(), **options)
     with override_launch_params("skinny_linear", single_row_on_cuda_cores=True, BLOCK_N=block_n, BLOCK_K=32,
-                                programmatic_dependent_launch=pdl, unroll_k=unroll_k):
+                                programmatic_dependent_launch=pdl):
         out = skinny_linear(x, weight, residual=residual, **options)
     assert out.shape == (1, out_width(options, 40))
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCE[dtype])
