@@ -69,10 +69,11 @@ if [ "${1:-fp8}" = step ]; then
         --engine '{}' --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
     # (b)'s prefill calls (mostly under 1024 tokens: fresh prompts read as e4m3 tiles) dequantized first, and
     # the configured FP8 row again: how far two runs of one setting differ.
+    dequantized='{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", '\
+'"launch_params": {"paged_prefill_attention": {"dequantize_min_tokens": 1}}}'
     step engine_variants "$LOGS" 150 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
-        --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3",
-                   "launch_params": {"paged_prefill_attention": {"dequantize_min_tokens": 1}}}' \
-        --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
+        --engine "$dequantized" --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' \
+        --record "$OUT/engine.jsonl"
     step profile "$LOGS" 90 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
         --final-only --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --top 14
     echo "===== tests"; tail -n 5 "$OUT/tests.log"
