@@ -19,9 +19,9 @@
 # within 8 minutes.
 # `bash benchmarks/gpu_fp8.sh step` runs instead (b)'s step study: the quantizers' GPU tests (bytes as the
 # unfused kernels give them); the fused per-token quantizers (the norm's and the SwiGLU gate's) against the
-# kernels they replace, tiles swept; (a) and (b) with bf16 and FP8 weights + FP8 KV; (b) with every prefill
-# call over FP8 KV dequantized first, and the FP8 row again; then where a (b) step's time goes with FP8
-# (profile_engine, steps 300-340).
+# kernels they replace, tiles swept; (a) and (b) with bf16 and FP8 weights + FP8 KV, then (b) both ways at 512
+# sequences a step and with every prefill call over FP8 KV dequantized first; then where a (b) step's time goes
+# with FP8 (profile_engine, steps 300-340).
 # `bash benchmarks/gpu_fp8.sh sweep` runs instead (a)'s single-row study: the FP8 single-row chain's tiles swept
 # and each projection alone at one row, bf16 and FP8 (sweep.json); (a) with bf16, FP8 as configured and FP8
 # with the sweep's best tile; then the kernel targets (FP8 GEMM, prefill 8k, FP8 KV decode at 32k, the
@@ -67,13 +67,14 @@ if [ "${1:-fp8}" = step ]; then
         --json "$OUT/sweep.json" --record "$OUT/kernels.jsonl"
     step engine "$OUT" 160 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a,b --no-hf \
         --engine '{}' --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
-    # (b)'s prefill calls (mostly under 1024 tokens: fresh prompts read as e4m3 tiles) dequantized first, and
-    # the configured FP8 row again: how far two runs of one setting differ.
+    # The engines above at the default of 1024 sequences a step on this GPU; at 512, as before; and (b)'s
+    # prefill calls over FP8 KV (mostly under 1024 tokens: fresh prompts read as e4m3 tiles) dequantized first.
     dequantized='{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", '\
 '"launch_params": {"paged_prefill_attention": {"dequantize_min_tokens": 1}}}'
-    step engine_variants "$LOGS" 150 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
-        --engine "$dequantized" --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' \
-        --record "$OUT/engine.jsonl"
+    step engine_variants "$LOGS" 200 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
+        --engine '{"max_num_seqs": 512}' \
+        --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_num_seqs": 512}' \
+        --engine "$dequantized" --record "$OUT/engine.jsonl"
     step profile "$LOGS" 90 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
         --final-only --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --top 14
     echo "===== tests"; tail -n 5 "$OUT/tests.log"

@@ -60,15 +60,16 @@ class BlockManager:
         hits = self._match_prefix(seq)
         return self._new_blocks_available(seq, hits)
 
-    def allocate(self, seq: Sequence) -> bool:
-        """Give `seq` blocks for all its tokens, reusing cached prefix blocks.
+    def allocate(self, seq: Sequence, reserve: int = 0) -> bool:
+        """Give `seq` blocks for all its tokens, reusing cached prefix blocks, if `reserve` blocks stay
+        free beside them.
 
         Sets num_cached_tokens and num_computed_tokens to the reused prefix. Returns False (and
-        changes nothing) when the pool cannot hold the sequence.
+        changes nothing) when the pool cannot hold the sequence and the reserve.
         """
         assert not seq.block_table, f"sequence {seq.seq_id} already holds blocks"
         hits = self._match_prefix(seq)
-        if not self._new_blocks_available(seq, hits):
+        if not self._new_blocks_available(seq, hits, reserve):
             return False
         for block_id in hits:
             block = self._blocks[block_id]
@@ -99,10 +100,10 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def _new_blocks_available(self, seq: Sequence, hits: list[int]) -> bool:
+    def _new_blocks_available(self, seq: Sequence, hits: list[int], reserve: int = 0) -> bool:
         # A hit on an evictable block takes it out of the evictable pool without costing a new one.
         reclaimed = sum(1 for b in hits if self._blocks[b].ref_count == 0)
-        return self.blocks_needed(len(seq)) - len(hits) <= self.num_free_blocks - reclaimed
+        return self.blocks_needed(len(seq)) - len(hits) <= self.num_free_blocks - reclaimed - reserve
 
     # --- decode -------------------------------------------------------------------------------
 

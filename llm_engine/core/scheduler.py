@@ -113,10 +113,12 @@ class Scheduler:
                 budget -= chunk
 
         # 3. Admit waiting requests in arrival order; never skip the head (FCFS), and admit none in
-        #    a step that had to preempt (the pool is evidently full).
+        #    a step that had to preempt (the pool is evidently full). A block stays free for each running
+        #    sequence: without that headroom a full pool preempts one of them in the next steps (its work
+        #    thrown away and redone), and with many sequences a step it did so step after step.
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.allocate(seq):
+            if not self.block_manager.allocate(seq, reserve=len(self.running)):
                 break
             self.waiting.popleft()
             self.num_cached_tokens += seq.num_cached_tokens

@@ -82,6 +82,18 @@ def test_fcfs_never_skips_the_head_of_the_queue():
     assert [s.request_id for s in sched.waiting] == ["big", "small"]
 
 
+def test_admission_leaves_a_free_block_per_running_sequence():
+    """Admitted into the pool's last block, c would be preempted at the next step, when a and b cross into
+    their second blocks: it waits for that headroom instead."""
+    sched = make(num_blocks=4, max_num_batched_tokens=64)
+    for i, rid in enumerate("abc"):
+        sched.add(seq(4, rid, first=10 * (i + 1), max_tokens=6))
+    assert [s.request_id for s in step(sched).seqs] == ["a", "b"]
+    assert [s.request_id for s in sched.waiting] == ["c"]
+    assert shape(step(sched)) == [("a", 1, True), ("b", 1, True)]
+    assert sched.num_preemptions == 0
+
+
 def test_preemption_by_recompute_frees_the_newest_and_requeues_it_first():
     sched = make(num_blocks=3, max_num_batched_tokens=64)
     old, new = seq(4, "old", max_tokens=6), seq(4, "new", max_tokens=6)
