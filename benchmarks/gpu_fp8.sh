@@ -18,10 +18,9 @@
 # dequantize_min_tokens), and the prefill kernels alone (8k, 8k FP8, the 8k-of-16k chunk three ways), also
 # within 8 minutes.
 # `bash benchmarks/gpu_fp8.sh step` runs instead (b)'s step study: the quantizers' GPU tests (bytes as the
-# unfused kernels give them); the fused per-token quantizers (the norm's and the SwiGLU gate's) against the
-# kernels they replace, tiles swept; (a) and (b) with bf16 and FP8 weights + FP8 KV, then (b) both ways at 512
-# sequences a step and with every prefill call over FP8 KV dequantized first; then where a (b) step's time goes
-# with FP8 (profile_engine, steps 300-340).
+# unfused kernels give them); the norm's fused per-token quantizer against the two kernels it replaces, tiles
+# swept; (a) and (b) with bf16 and FP8 weights + FP8 KV, then (b) both ways at 512 sequences a step; then
+# where a (b) step's time goes with FP8 (profile_engine, steps 300-340).
 # `bash benchmarks/gpu_fp8.sh sweep` runs instead (a)'s single-row study: the FP8 single-row chain's tiles swept
 # and each projection alone at one row, bf16 and FP8 (sweep.json); (a) with bf16, FP8 as configured and FP8
 # with the sweep's best tile; then the kernel targets (FP8 GEMM, prefill 8k, FP8 KV decode at 32k, the
@@ -63,23 +62,20 @@ fi
 if [ "${1:-fp8}" = step ]; then
     step tests "$OUT" 90 "$PY" -m pytest -q -p no:cacheprovider --confcutdir=tests/engine \
         tests/engine/test_kernels_fp8.py -k 'quantiz and not cpu'
-    step kernels "$OUT" 150 "$PY" -m benchmarks.bench_kernels --cases rms_norm_fp8,silu_fp8 --sweep \
+    step kernels "$OUT" 90 "$PY" -m benchmarks.bench_kernels --cases rms_norm_fp8 --sweep \
         --json "$OUT/sweep.json" --record "$OUT/kernels.jsonl"
     step engine "$OUT" 160 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads a,b --no-hf \
         --engine '{}' --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --record "$OUT/engine.jsonl"
-    # The engines above at the default of 1024 sequences a step on this GPU; at 512, as before; and (b)'s
-    # prefill calls over FP8 KV (mostly under 1024 tokens: fresh prompts read as e4m3 tiles) dequantized first.
-    dequantized='{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", '\
-'"launch_params": {"paged_prefill_attention": {"dequantize_min_tokens": 1}}}'
-    step engine_variants "$LOGS" 200 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
+    # The engines above at the default of 1024 sequences a step on this GPU, then at 512, as before.
+    step engine_512 "$LOGS" 130 "$PY" -m benchmarks.bench_engine --model "$MODEL" --workloads b --no-hf \
         --engine '{"max_num_seqs": 512}' \
         --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_num_seqs": 512}' \
-        --engine "$dequantized" --record "$OUT/engine.jsonl"
+        --record "$OUT/engine.jsonl"
     step profile "$LOGS" 90 "$PY" -m benchmarks.profile_engine --model "$MODEL" --workload b --steps 300:340 \
         --final-only --engine '{"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}' --top 14
     echo "===== tests"; tail -n 5 "$OUT/tests.log"
     echo "===== kernels"; grep -hE "^\| |sweep:|^Best|^limits|differ" "$OUT/kernels.log" | cut -c1-200
-    echo "===== engine"; grep -hE "^\|" "$OUT/engine.log" "$LOGS/engine_variants.log" | cut -c1-250
+    echo "===== engine"; grep -hE "^\|" "$OUT/engine.log" "$LOGS/engine_512.log" | cut -c1-250
     echo "===== profile"; tail -n 22 "$LOGS/profile.log" | cut -c1-200
     echo "===== steps"; cat "$OUT/steps.log"
     echo "total $(($(date +%s) - START)) s"
