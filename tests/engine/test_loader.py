@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -103,8 +104,11 @@ def test_step_size_defaults_depend_on_the_device(tiny_checkpoints, monkeypatch):
     cpu = EngineConfig(model=folder, device="cpu")
     assert (cpu.max_num_seqs, cpu.max_num_batched_tokens) == (256, 2048)
     monkeypatch.setattr("llm_engine.config._resolve_device", lambda device: torch.device("cuda", 0))
-    gpu = EngineConfig(model=folder)
-    assert (gpu.max_num_seqs, gpu.max_num_batched_tokens) == (512, 8192)
+    for memory_gib, max_num_seqs in ((40, 512), (80, 1024)):  # 1024 on an H100 or H200, as vLLM
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+            total_memory=memory_gib << 30))
+        gpu = EngineConfig(model=folder)
+        assert (gpu.max_num_seqs, gpu.max_num_batched_tokens) == (max_num_seqs, 8192)
     assert EngineConfig(model=folder, max_num_seqs=64).max_num_seqs == 64
 
 
