@@ -60,12 +60,9 @@ class EngineConfig:
         device = _resolve_device(self.device)
         on_gpu = device.type == "cuda"
         # A GPU step costs the host about as much at 8192 tokens as at 2048 (launches, bookkeeping),
-        # so larger steps keep a GPU busy; the CPU computes every token on the host anyway. On a GPU of
-        # 70 GiB or more (H100, H200) 1024 sequences a step, as vLLM's default there: workload (b) with FP8
-        # weights and KV ran 14,828 tok/s against 12,837 at 512 (H100, docs/benchmarks-journal.md).
+        # so larger steps keep a GPU busy; the CPU computes every token on the host anyway.
         if self.max_num_seqs is None:
-            self.max_num_seqs = (1024 if torch.cuda.get_device_properties(device).total_memory >= 70 << 30 else 512) \
-                if on_gpu else 256
+            self.max_num_seqs = _default_max_num_seqs(device, self.kv_cache_dtype)
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = 8192 if on_gpu else 2048
         _expect_min("max_num_seqs", self.max_num_seqs, 1)
@@ -128,6 +125,17 @@ def _expect_device(device: str) -> None:
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available")
+
+
+def _default_max_num_seqs(device: torch.device, kv_cache_dtype: str) -> int:
+    """Sequences a step: 256 on the CPU, 512 on a GPU; 1024 (vLLM's default on such GPUs) with FP8 KV on one of
+    70 GiB or more (H100, H200), whose pool holds twice the tokens. On an H100, workload (b) with FP8 weights
+    and KV ran 3% and 16% faster at 1024 than at 512 (two leases); with bf16 KV, whose pool cannot hold that many
+    sequences there, 7% and 9% slower (docs/benchmarks-journal.md, 2026-12-06 14:53)."""
+    if device.type != "cuda":
+        return 256
+    large = torch.cuda.get_device_properties(device).total_memory >= 70 << 30
+    return 1024 if large and kv_cache_dtype == "fp8_e4m3" else 512
 
 
 def _resolve_device(device: str) -> torch.device:

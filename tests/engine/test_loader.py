@@ -104,10 +104,12 @@ def test_step_size_defaults_depend_on_the_device(tiny_checkpoints, monkeypatch):
     cpu = EngineConfig(model=folder, device="cpu")
     assert (cpu.max_num_seqs, cpu.max_num_batched_tokens) == (256, 2048)
     monkeypatch.setattr("llm_engine.config._resolve_device", lambda device: torch.device("cuda", 0))
-    for memory_gib, max_num_seqs in ((40, 512), (80, 1024)):  # 1024 on an H100 or H200, as vLLM
+    # 1024 with FP8 KV on an H100 or H200, whose pool holds them
+    for memory_gib, kv_cache_dtype, max_num_seqs in ((40, "fp8_e4m3", 512), (80, "auto", 512),
+                                                     (80, "fp8_e4m3", 1024)):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
             total_memory=memory_gib << 30))
-        gpu = EngineConfig(model=folder)
+        gpu = EngineConfig(model=folder, kv_cache_dtype=kv_cache_dtype)
         assert (gpu.max_num_seqs, gpu.max_num_batched_tokens) == (max_num_seqs, 8192)
     assert EngineConfig(model=folder, max_num_seqs=64).max_num_seqs == 64
 
