@@ -1,14 +1,18 @@
 """Shared by the server tests: server options on free ports, the test-only repository, and POSTs to
 the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops), and
-statistics read once the server has counted what it answered, and waiting for a condition."""
+statistics read once the server has counted what it answered, waiting for a condition, and a process held
+stopped."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from ragstack.launcher import ServerOptions, free_port
 
@@ -55,3 +59,26 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout_s} s for {what}")
         time.sleep(0.05)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return all(state in "tT" for state in states)
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """`pid` held by SIGSTOP, as a wedged process, until the block ends. kill() wakes one thread, which stops
+    the others only once it runs: on a loaded machine the rest serve on for a while, so this waits until
+    /proc shows every thread stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: _all_threads_stopped(pid), f"every thread of process {pid} to stop", 10)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from raw_http import (
     request_bytes,
     unread,
 )
-from server_helpers import FIXTURE_REPOSITORY, free_server_options, wait_until
+from server_helpers import FIXTURE_REPOSITORY, free_server_options, stopped, wait_until
 
 pytestmark = pytest.mark.server
 MiB = 1 << 20
@@ -162,16 +161,13 @@ def test_a_body_past_the_bound_is_refused_whichever_arrives_first(server):
     one whose bytes would pass max_buffered_bytes is refused, never both held."""
     answers = {}
     gateway, slow = server.gateway_process.pid, connect(server.http_url)
-    os.kill(gateway, signal.SIGSTOP)
-    try:
+    with stopped(gateway):
         senders = [threading.Thread(target=slow.sendall, args=(SLOW,)),
                    threading.Thread(target=lambda: answers.update(half=exchange(server.http_url, "POST",
                                                                                 "/v2/models/echo/infer", HALF)))]
         for sender in senders:
             sender.start()
         time.sleep(0.5)                                                # both bodies in the kernel's buffers
-    finally:
-        os.kill(gateway, signal.SIGCONT)
     with slow:
         for sender in senders:
             sender.join(LIMITS.body_timeout_s)

@@ -11,15 +11,13 @@ key (ragstack.gateway.generate_body). Directly against Triton the second still r
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 import pytest
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
 from raw_http import connect, exchange, request_bytes
-from server_helpers import free_server_options, wait_until
+from server_helpers import free_server_options, stopped, wait_until
 from server_metrics import metric_value, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -90,13 +88,10 @@ def livez(server) -> tuple[int, dict]:
 
 def test_livez_is_200_while_triton_answers_and_503_while_it_does_not(server):
     assert livez(server) == (200, {"live": True})                    # its probe sends the admin key
-    os.kill(server.process.pid, signal.SIGSTOP)                      # as wedged: connections accepted, no answer
-    try:
+    with stopped(server.process.pid):                                # as wedged: connections accepted, no answer
         start = time.monotonic()
         status, body = livez(server)
         waited = time.monotonic() - start
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
     assert status == 503 and body["error"] == (
         f"tritonserver is not live: no answer to the repository index within {LIVEZ_TIMEOUT_S:g} s (livez_timeout_s)")
     assert LIVEZ_TIMEOUT_S <= waited < LIVEZ_TIMEOUT_S + 1, waited
