@@ -212,6 +212,10 @@ def decode_bench(case, s: Sizes, batch, context, kv_dtype, gen, goal=None) -> Be
     # Every tile shape with the heuristic's splits, then every split count with the configured tile.
     tiles = [({"BLOCK_N": n, "num_warps": w, "num_stages": st, "maxnreg": r}, {})
              for n, w, st, r in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (None, 80, 128))]
+    # Programs of one or two warps reduce a tile's softmax within a warp, with no barrier between warps
+    # (fewer instructions per token under Triton 3.6: kernel_report); as many warps per SM need more programs.
+    tiles += [({"BLOCK_N": n, "num_warps": w, "num_stages": st, "maxnreg": r, "target_programs": 2048 // w}, {})
+              for n, w, st, r in itertools.product((32, 64), (1, 2), (2, 3), (None, 128))]
     tiles += [({}, {"num_splits": sp}) for sp in (1, 2, 4, 8, 16, 32)]
     return Bench(
         case, f"B={batch} ctx={context} {s.q_heads}/{s.kv_heads}x{s.head_dim} splits={auto_splits}",
