@@ -103,6 +103,7 @@ class StructuredOutputs:
 # Integers beyond int64 are refused: the sampler turns them into int64 tensors and seeds.
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_LOGPROBS = 20  # most likely tokens reported per generated token (vLLM's default max_logprobs)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value, either sign
 
 
 @dataclass
@@ -114,6 +115,8 @@ class SamplingParams:
     output tokens only. max_tokens None means "up to max_model_len". A `seed` makes the request's
     samples reproducible whatever else is in the batch. `logprobs` N reports each generated token's
     logprob and rank and the N most likely tokens' logprobs (0: the token's own only; True is 0).
+    `logit_bias` adds its value (OpenAI's -100 to 100) to its token id's logit before the penalties;
+    JSON's string keys ("50256") are read as ids.
     """
 
     temperature: float = 1.0
@@ -132,6 +135,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -146,6 +150,8 @@ class SamplingParams:
             self.logprobs = 0 if self.logprobs else None
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputs.from_value(self.structured_outputs)
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
         self._validate()
 
     @classmethod
@@ -215,3 +221,25 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """{token id: bias}, the ids as ints; the vocabulary bound is the engine's to check."""
+    if not isinstance(value, dict):
+        raise ValueError(f"logit_bias must be an object of token id -> bias, got {value!r}")
+    out = {}
+    for key, bias in value.items():
+        if isinstance(key, str) and key.strip().isdigit():
+            token = int(key)
+        elif _is_int(key) and key >= 0:
+            token = key
+        else:
+            raise ValueError(f"logit_bias keys must be token ids (non-negative integers or their decimal "
+                             f"strings), got {key!r}")
+        if not _is_number(bias) or not _is_finite(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias[{key!r}] must be a number in [-{MAX_LOGIT_BIAS:g}, "
+                             f"{MAX_LOGIT_BIAS:g}], got {bias!r}")
+        if token in out:
+            raise ValueError(f"logit_bias names token id {token} twice")
+        out[token] = float(bias)
+    return out

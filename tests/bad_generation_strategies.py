@@ -18,8 +18,8 @@ from llm_engine.sampling_params import SamplingParams
 KNOWN = sorted({f.name for f in dataclasses.fields(SamplingParams)} | {
     "n", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend"})
 NUMERIC = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-           "frequency_penalty", "seed", "max_tokens", "min_tokens"]
-BOOLEAN = ["ignore_eos", "logprobs", "skip_special_tokens"]
+           "frequency_penalty", "seed", "max_tokens", "min_tokens", "logprobs"]
+BOOLEAN = ["ignore_eos", "skip_special_tokens"]
 JSON_LIMIT = 64 << 10
 MAX_MODEL_LEN = 2048        # model_repository/llm/config.pbtxt
 MAX_PROMPT_BYTES = 1 << 20  # the llm's max_prompt_bytes
@@ -62,6 +62,16 @@ BAD_VALUES = {
     "stop_token_ids": st.one_of(_INT, st.text(max_size=4), st.lists(
         st.one_of(st.integers(-BIG, -1), st.integers(1 << 40, BIG), st.text(max_size=2), st.floats(**FINITE)),
         min_size=1, max_size=3)),
+    # an integer N from 0 to 20 (or its string), or a bool
+    "logprobs": st.one_of(st.integers(-BIG, -1), st.integers(21, BIG), st.text("xyz", max_size=4),
+                          st.floats(**FINITE).filter(lambda v: not v.is_integer()), st.lists(st.booleans(), max_size=2)),
+    # not an object, keys that are no token id or past the vocabulary, biases outside [-100, 100]
+    "logit_bias": st.one_of(
+        _INT, st.booleans(), st.lists(_INT, max_size=2), st.text(max_size=4).filter(lambda t: not _parses_as_object(t)),
+        st.dictionaries(st.from_regex(r"\A[a-z-]{1,4}\Z"), st.integers(-100, 100), min_size=1, max_size=2),
+        st.dictionaries(st.integers(0, 9).map(str), st.one_of(_below(-100.0), _above(100.0), st.text("xyz", min_size=1)),
+                        min_size=1, max_size=2),
+        st.dictionaries(st.integers(1 << 20, BIG).map(str), st.integers(-100, 100), min_size=1, max_size=2)),
     **{name: st.one_of(_INT, st.text(max_size=4), st.lists(st.booleans(), max_size=2))
        for name in BOOLEAN},
 }

@@ -1,6 +1,7 @@
 """A request's sampling values as vLLM's request parsing takes them through vllm_backend: numbers or
 numeric strings for numeric keys, bools or "true"/"false" for flags, lists or JSON-list strings for
-`stop` and `stop_token_ids`. The result is a dict for llm_engine.SamplingParams, which checks ranges.
+`stop` and `stop_token_ids`, an object or its JSON text for `logit_bias`. The result is a dict for
+llm_engine.SamplingParams, which checks ranges.
 Anything else is refused naming the key, the value and what it must be.
 """
 from __future__ import annotations
@@ -26,7 +27,6 @@ _UNSUPPORTED = {
     "truncate_prompt_tokens": "truncate_prompt_tokens",
     "bad_words": "bad_words",
     "allowed_token_ids": "allowed_token_ids",
-    "logit_bias": "logit_bias",
     "detokenize": "detokenize",
     "guided_whitespace_pattern": "a whitespace pattern (structured output is compact JSON)",
 }
@@ -90,15 +90,7 @@ def _structured(source: str, key: str, value: Any, into: dict[str, Any]) -> None
         field = _GUIDED[key]
         into[field] = _list(source, key, value, str) if field == "choice" else value
         return
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise SamplingValueError(f"{source}: 'structured_outputs' is not a valid JSON object: "
-                                     f"{_shown(value)}") from None
-    if not isinstance(value, dict):
-        raise SamplingValueError(f"{source}: 'structured_outputs' must be an object (or its JSON text), "
-                                 f"got {_shown(value)}")
+    value = _object(source, "structured_outputs", value)
     into.update((k, v) for k, v in value.items() if k not in _STRUCTURED_NO_OPS and v is not None)
 
 
@@ -117,6 +109,8 @@ def _convert(source: str, key: str, value: Any, kind: Any) -> Any:
     if typing.get_origin(base) is list:
         item = typing.get_args(base)[0]
         return _list(source, key, value, item)
+    if typing.get_origin(base) is dict:
+        return {k: _number(source, f"{key}[{k!r}]", v) for k, v in _object(source, key, value).items()}
     return value
 
 
@@ -168,6 +162,17 @@ def _list(source: str, key: str, value: Any, item: type) -> list:
         raise SamplingValueError(f"{source}: '{key}' must be a list (or a JSON-list string), got {_shown(value)}")
     if item is int:
         return [_integer(source, f"{key}[{i}]", v) for i, v in enumerate(value)]
+    return value
+
+
+def _object(source: str, key: str, value: Any) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise SamplingValueError(f"{source}: '{key}' is not a valid JSON object: {_shown(value)}") from None
+    if not isinstance(value, dict):
+        raise SamplingValueError(f"{source}: '{key}' must be an object (or its JSON text), got {_shown(value)}")
     return value
 
 

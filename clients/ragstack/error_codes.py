@@ -55,7 +55,8 @@ _FAMILIES = [
         r"input '\w+' ", r"messages\[\d+\]", r"missing input: give 'text_input'", r"give either 'text_input' or",
         r"tools\[\d+\]", r"messages: the model's chat template refused them",   # chat_tools.py, the tokenizer
         r"'\w+' must be a JSON object", r"(?:sampling_parameters|parameters): '?\w+'? ", r"unknown sampling parameter",
-        rf"(?:{_SAMPLING_FIELDS}) must ", r"prompt has \d+ tokens; it must be shorter than max_model_len",
+        rf"(?:{_SAMPLING_FIELDS}) must ", r"logit_bias[ \[]",
+        r"prompt has \d+ tokens; it must be shorter than max_model_len",
         r"prompt must not be empty", r"prompt \+ max_tokens = \d+ tokens needs \d+ KV blocks",
         r"When streaming, `exclude_input_in_output` = False is not allowed", r"LoRA feature is not enabled",
         r"structured output", r"unknown structured output key",       # llm_engine's structured output

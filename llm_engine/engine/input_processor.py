@@ -52,9 +52,10 @@ class InputProcessor:
         elif n + params.max_tokens > limit:
             raise ValueError(f"max_tokens must be <= {limit - n} (max_model_len={limit} minus {n} "
                              f"prompt tokens), got {params.max_tokens}")
-        if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
-            raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}, "
-                             f"got {max(params.stop_token_ids)}")
+        for name, named in (("stop_token_ids", params.stop_token_ids),
+                            ("logit_bias token ids", params.logit_bias or ())):
+            if named and max(named) >= self.vocab_size:
+                raise ValueError(f"{name} must be < vocab size {self.vocab_size}, got {max(named)}")
         return EngineRequest(request_id, text, ids, params, arrival)
 
     def _prompt_ids(self, prompt, prompt_token_ids) -> list[int]:

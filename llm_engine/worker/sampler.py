@@ -1,8 +1,8 @@
 """Batched next-token sampling over the logits of one step.
 
 Order of processing, per row: min_tokens masking of eos/stop ids -> structured output's token mask
-(a packed bitmask, kernels/token_bitmask.py) -> repetition, frequency and presence penalties ->
-temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
+(a packed bitmask, kernels/token_bitmask.py) -> logit_bias -> repetition, frequency and presence
+penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
 take the argmax of the penalised logits. Other rows sample with the exponential-race trick,
 argmax(p / q) with q ~ Exp(1), which draws exactly from p and stays one batched op. A seeded row
 draws its q from a generator seeded by (seed, output position), so its tokens do not depend on
@@ -82,6 +82,7 @@ class Sampler:
         self._mask_early_stop(logits, seqs)
         if bitmask is not None:
             ops.apply_token_bitmask(logits, to_device(bitmask, torch.int32, logits.device))
+        _add_logit_bias(logits, params)
         logits = self._apply_penalties(logits, seqs, sampled_ids)
 
         device = logits.device
@@ -169,6 +170,22 @@ class Sampler:
                 gen.manual_seed((p.seed + seq.num_output_tokens * _SEED_MIX) % 2**63)
                 q[i].exponential_(generator=gen)
         return (probs / q).argmax(dim=-1)
+
+
+def _add_logit_bias(logits: torch.Tensor, params: list) -> None:
+    """A masked token stays masked: -inf plus a bias is -inf."""
+    rows: list[int] = []
+    cols: list[int] = []
+    biases: list[float] = []
+    for i, p in enumerate(params):
+        if p.logit_bias:
+            rows += [i] * len(p.logit_bias)
+            cols += p.logit_bias.keys()
+            biases += p.logit_bias.values()
+    if rows:
+        device = logits.device
+        logits.index_put_((to_device(rows, torch.long, device), to_device(cols, torch.long, device)),
+                          to_device(biases, torch.float32, device), accumulate=True)
 
 
 def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, num_logprobs: list[int | None]) -> tuple[torch.Tensor, ...]:

@@ -93,6 +93,8 @@ def test_stop_string_on_the_last_allowed_token_reports_stop(fake_engine):
     (dict(prompt="a", sampling_params={"nucleus": 0.5}), "unknown sampling parameter(s) ['nucleus']"),
     (dict(prompt=[1, 999]), "prompt token ids must be in [0, 260), got min 1, max 999"),
     (dict(prompt="a", sampling_params={"stop_token_ids": [300]}), "stop_token_ids must be < vocab size 260"),
+    (dict(prompt="a", sampling_params={"logit_bias": {"1": 5, "260": -1}}),
+     "logit_bias token ids must be < vocab size 260, got 260"),
 ])
 def test_bad_requests_raise_value_error_and_the_engine_serves_on(fake_engine, kwargs, message):
     engine = fake_engine(max_model_len=40)

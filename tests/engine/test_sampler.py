@@ -171,3 +171,37 @@ def test_logprobs_true_means_the_tokens_own_only():
     assert SamplingParams(logprobs=True).logprobs == 0 and SamplingParams(logprobs=False).logprobs is None
     with pytest.raises(ValueError, match=r"logprobs must be in \[0, 20\], got 21"):
         SamplingParams(logprobs=21)
+
+
+def test_logit_bias_is_added_before_the_penalties_and_steers_greedy(sampler):
+    logits = logits_for(4)
+    top = logits.argmax(-1).tolist()
+    seqs = [
+        seq(temperature=0, logit_bias={5: 100}),                                  # forced
+        seq(temperature=0, logit_bias={top[1]: -100}),                           # banned
+        seq(prompt=(1, 2, 9), temperature=0, logit_bias={9: 7.5}, repetition_penalty=1.5),
+        seq(temperature=0),                                                       # untouched
+    ]
+    out = sampler(logits, seqs)
+    assert out.token_ids[0] == 5 and out.token_ids[1] != top[1] and out.token_ids[3] == top[3]
+    banned = logits[1].clone()
+    banned[top[1]] -= 100
+    assert out.token_ids[1] == banned.argmax().item()
+    row = logits[2].clone()
+    row[9] += 7.5
+    expected = reference_penalties(row, seqs[2])
+    assert out.token_ids[2] == expected.argmax().item()
+
+
+def test_logit_bias_shapes_the_sampled_distribution_and_its_logprobs(sampler):
+    logits = torch.zeros(1, V)
+    out = sampler(logits, [seq(temperature=1.0, seed=1, logprobs=0, logit_bias={"4": 100, "6": 100})])
+    assert out.token_ids[0] in (4, 6)
+    assert out.logprobs[0] == pytest.approx(math.log(0.5), abs=1e-4)
+
+
+def test_logit_bias_cannot_unmask_a_token(sampler):
+    logits = torch.zeros(1, V)
+    logits[0, 9] = 1.0
+    out = sampler(logits, [seq(output=(1,), temperature=0, min_tokens=2, stop_token_ids=[9], logit_bias={9: 100})])
+    assert out.token_ids[0] != 9

@@ -38,6 +38,16 @@ def test_stop_string_becomes_a_list():
     ("stop", 5, "stop must be a list, got 5"),
     ("stop", {"a": 1}, "stop must be a list, got {'a': 1}"),
     ("stop_token_ids", 5, "stop_token_ids must be a list, got 5"),
+    ("logit_bias", [5], "logit_bias must be an object of token id -> bias, got [5]"),
+    ("logit_bias", {"x": 1}, "logit_bias keys must be token ids (non-negative integers or their decimal strings), "
+                             "got 'x'"),
+    ("logit_bias", {-1: 1}, "logit_bias keys must be token ids"),
+    ("logit_bias", {"-1": 1}, "logit_bias keys must be token ids"),
+    ("logit_bias", {True: 1}, "logit_bias keys must be token ids"),
+    ("logit_bias", {"5": 101}, "logit_bias['5'] must be a number in [-100, 100], got 101"),
+    ("logit_bias", {5: float("nan")}, "logit_bias[5] must be a number in [-100, 100], got nan"),
+    ("logit_bias", {5: "1"}, "logit_bias[5] must be a number in [-100, 100], got '1'"),
+    ("logit_bias", {5: 1, "5": 2}, "logit_bias names token id 5 twice"),
 ])
 def test_invalid_values_name_field_value_and_limit(field, value, message):
     with pytest.raises(ValueError) as err:
@@ -65,3 +75,8 @@ def test_from_dict_rejects_invalid_values_and_non_dicts():
         SamplingParams.from_dict({"top_p": 1.5})
     with pytest.raises(ValueError, match="must be a dict"):
         SamplingParams.from_dict([("top_p", 0.5)])
+
+
+def test_logit_bias_keys_are_read_as_token_ids():
+    assert SamplingParams(logit_bias={"50256": -100, 7: 2.5, " 3": 100}).logit_bias == {50256: -100.0, 7: 2.5, 3: 100.0}
+    assert SamplingParams.from_dict({"logit_bias": {}}).logit_bias == {}

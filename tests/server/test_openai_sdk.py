@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import numpy as np
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
+from tokenizers import Tokenizer
 
 from ragstack.client import RagClient
 
@@ -16,6 +18,7 @@ pytestmark = pytest.mark.server
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
 QUESTION = "How does paged attention store the KV cache?"
+LLM_TOKENIZER = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2" / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,21 @@ def test_sampling_keys_reach_the_llm(client):
         extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 4, "skip_special_tokens": True,
                     "ignore_eos": True})
     assert answer.usage.completion_tokens == 4
+
+
+def test_logit_bias_forces_and_bans_tokens(client):
+    """OpenAI's logit_bias: JSON string keys naming token ids of the llm's tokenizer."""
+    [the] = Tokenizer.from_file(str(LLM_TOKENIZER)).encode(" the", add_special_tokens=False).ids
+    forced = client.chat.completions.create(model="llm", messages=HELLO, temperature=0, max_tokens=3, logprobs=True,
+                                            logit_bias={str(the): 100}, extra_body={"ignore_eos": True}).choices[0]
+    assert forced.message.content == " the" * 3
+    assert all(t.logprob > -1e-3 for t in forced.logprobs.content)
+    banned = client.chat.completions.create(model="llm", messages=HELLO, temperature=0, max_tokens=8,
+                                            logit_bias={str(the): -100}, extra_body={"ignore_eos": True}).choices[0]
+    assert " the" not in banned.message.content
+    text = client.completions.create(model="llm", prompt="Hello", temperature=0, max_tokens=2,
+                                     logit_bias={str(the): 100}).choices[0].text
+    assert text == " the" * 2
 
 
 def test_logprobs_name_the_sampled_tokens_and_the_most_likely(client):

@@ -25,6 +25,8 @@ OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
     ("in ensemble 'rag', unknown sampling parameter(s) ['bogus']; known: ['frequency_penalty']", "INVALID_ARG"),
     ("in ensemble 'rag', max_tokens must be <= 570 (max_model_len=2048 minus 1478 prompt tokens), got 100000",
      "INVALID_ARG"),
+    ("in ensemble 'rag', logit_bias token ids must be < vocab size 512, got 99999", "INVALID_ARG"),
+    ("logit_bias['5'] must be a number in [-100, 100], got 101", "INVALID_ARG"),
     ("prompt + max_tokens = 900 tokens needs 57 KV blocks; the cache holds 24 blocks of 16 tokens", "INVALID_ARG"),
     ("input 'sampling_parameters' is not valid JSON: Expecting value at position 0", "INVALID_ARG"),
     ("missing input: give 'text_input' (a prompt) or 'messages' (chat JSON)", "INVALID_ARG"),

@@ -19,7 +19,7 @@ RETRY_AFTER_S = 1
 # What Triton and our models put before a step's message.
 _WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running inference: )+")
 # A key the llm names as unknown or not implemented: "unknown sampling parameter(s) ['foo']",
-# "sampling_parameters: 'logit_bias' is a vLLM sampling parameter this engine does not implement".
+# "sampling_parameters: 'best_of' is a vLLM sampling parameter this engine does not implement".
 _NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)'|^(?:sampling_parameters|parameters): '(\w+)'")
 
 
