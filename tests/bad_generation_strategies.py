@@ -64,13 +64,15 @@ BAD_VALUES = {
         min_size=1, max_size=3)),
     # an integer N from 0 to 20 (or its string), or a bool
     "logprobs": st.one_of(st.integers(-BIG, -1), st.integers(21, BIG), st.text("xyz", max_size=4),
-                          st.floats(**FINITE).filter(lambda v: not v.is_integer()), st.lists(st.booleans(), max_size=2)),
+                          st.floats(**FINITE).filter(lambda v: not v.is_integer()),
+                          st.lists(st.booleans(), max_size=2)),
     # not an object, keys that are no token id or past the vocabulary, biases outside [-100, 100]
     "logit_bias": st.one_of(
-        _INT, st.booleans(), st.lists(_INT, max_size=2), st.text(max_size=4).filter(lambda t: not _parses_as_object(t)),
+        _INT, st.booleans(), st.lists(_INT, max_size=2),
+        st.text(max_size=4).filter(lambda t: not _parses_as_object(t)),
         st.dictionaries(st.from_regex(r"\A[a-z-]{1,4}\Z"), st.integers(-100, 100), min_size=1, max_size=2),
-        st.dictionaries(st.integers(0, 9).map(str), st.one_of(_below(-100.0), _above(100.0), st.text("xyz", min_size=1)),
-                        min_size=1, max_size=2),
+        st.dictionaries(st.integers(0, 9).map(str),
+                        st.one_of(_below(-100.0), _above(100.0), st.text("xyz", min_size=1)), min_size=1, max_size=2),
         st.dictionaries(st.integers(1 << 20, BIG).map(str), st.integers(-100, 100), min_size=1, max_size=2)),
     **{name: st.one_of(_INT, st.text(max_size=4), st.lists(st.booleans(), max_size=2))
        for name in BOOLEAN},

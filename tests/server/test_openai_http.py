@@ -61,6 +61,10 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages",
      "role 'wizard'"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "n": 65}, 400, "n", "the limit is 64 (max_choices)"),
+    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     400, "messages[0].content[1]", "only text parts are supported (this model is not multimodal), got type "
+                                    "'image_url'"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "stream": "yes"}, 400, "stream", "valid boolean"),
     ("/v1/chat/completions", {"model": "rag", "messages": [{"role": "user", "content": "q" * 2001}]}, 400, "messages",
      "the limit is 2000"),

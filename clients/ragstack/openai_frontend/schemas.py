@@ -86,7 +86,11 @@ class Generation(BaseModel):
                                name)
 
 
-class ContentPart(Strict):
+class ContentPart(BaseModel):
+    # A part of another type carries its own key (image_url, input_audio, file): let it through to the
+    # check that names the part's type (_message).
+    model_config = ConfigDict(strict=True, extra="allow")
+
     type: str
     text: str | None = None
 
