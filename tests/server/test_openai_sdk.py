@@ -91,6 +91,16 @@ def test_sampling_keys_reach_the_llm(client):
     assert answer.usage.completion_tokens == 4
 
 
+def test_openai_fields_that_change_nothing_here_are_accepted(client):
+    """What frameworks send beside the sampling keys: the same answer as without them."""
+    plain = client.chat.completions.create(model="llm", messages=HELLO, **GREEDY).choices[0].message.content
+    answer = client.chat.completions.create(
+        model="llm", messages=HELLO, **GREEDY, store=False, metadata={"run": "7"}, service_tier="auto",
+        modalities=["text"], prediction={"type": "content", "content": "Hello"}, user="u1",
+        extra_body={"prompt_cache_key": "k1", "safety_identifier": "s1"})
+    assert answer.choices[0].message.content == plain
+
+
 def test_logit_bias_forces_and_bans_tokens(client):
     """OpenAI's logit_bias: JSON string keys naming token ids of the llm's tokenizer."""
     [the] = Tokenizer.from_file(str(LLM_TOKENIZER)).encode(" the", add_special_tokens=False).ids

@@ -23,6 +23,10 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence
                  "skip_special_tokens", "logit_bias")
 # OpenAI's deprecated forms of tools: refused, pointing to tools.
 LEGACY = {"functions": "tools", "function_call": "tool_choice"}
+# OpenAI chat fields for what this server does not do: refused naming the field, not sent to the llm as
+# unknown sampling keys.
+NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's effort",
+              "verbosity": "a reasoning model's verbosity", "web_search_options": "web search"}
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
@@ -111,6 +115,15 @@ class ChatRequest(Generation):
     tools: Any = None                # tools.py
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # OpenAI fields that change no answer here, accepted as `user` is: the metadata of a stored completion
+    # (store false), a service tier, caching and safety hints, a predicted output (a latency hint).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
 
     def sampling(self) -> dict[str, Any]:
         values = super().sampling()
@@ -125,6 +138,14 @@ class ChatRequest(Generation):
     def chat(self, limits: FrontendLimits) -> list[dict[str, Any]]:
         """The messages as the llm takes them (role, content, tool_calls, tool_call_id), every size checked."""
         self.check_sizes(limits, self.n)
+        if self.store:
+            raise APIError(400, "store: this server does not store completions; send false or leave it out", "store")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise APIError(400, f"modalities: the models here answer in text only, got {str(self.modalities)[:80]}",
+                           "modalities")
+        for name, what in NOT_SERVED.items():
+            if (self.model_extra or {}).get(name) is not None:
+                raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
         if not self.messages:
             raise APIError(400, "messages must hold at least one message", "messages")
         if len(self.messages) > limits.max_messages:
