@@ -13,7 +13,8 @@ import tritonclient.grpc as grpcclient
 
 
 def llm_inputs(prompt: str | None = None, *, stream: bool = True, sampling: dict | None = None,
-               messages: list | None = None, max_tokens: int | None = None, extra: dict | None = None):
+               messages: list | None = None, max_tokens: int | None = None, extra: dict | None = None,
+               prompt_token_ids: list[int] | None = None):
     tensors = []
 
     def add(name, value, dtype):
@@ -27,6 +28,10 @@ def llm_inputs(prompt: str | None = None, *, stream: bool = True, sampling: dict
         add("text_input", prompt.encode(), "BYTES")
     if messages is not None:
         add("messages", json.dumps(messages).encode(), "BYTES")
+    if prompt_token_ids is not None:
+        ids = grpcclient.InferInput("prompt_token_ids", [len(prompt_token_ids)], "INT32")
+        ids.set_data_from_numpy(np.array(prompt_token_ids, dtype=np.int32))
+        tensors.append(ids)
     add("stream", stream, "BOOL")
     add("return_finish_reason", True, "BOOL")  # sent only when asked, as vllm_backend does
     if sampling is not None:

@@ -1,7 +1,8 @@
 """Turn one Triton request's tensors into a validated generation request.
 
 Tensor names, dtypes and semantics follow vllm_backend (and TensorRT-LLM's `max_tokens`) so their
-clients work unchanged; `messages` (chat) is this project's own. Sampling values are read as vLLM
+clients work unchanged; `messages` (chat) and `prompt_token_ids` (a prompt already tokenized, as vLLM's
+TokensPrompt) are this project's own. Sampling values are read as vLLM
 reads them (sampling_values.py). Every error names the tensor (or sampling key), the value and the
 limit; the caller answers INVALID_ARG.
 """
@@ -22,6 +23,7 @@ RETURNS = ("return_finish_reason", "return_cumulative_logprob", "return_logprobs
            "return_num_output_tokens")
 INPUTS = [
     {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "prompt_token_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
     {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "tools", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "image", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
@@ -64,6 +66,7 @@ class LLMRequest:
     cancel_key: str | None = None          # CANCEL_KEY: an ABORT_KEY request with it aborts this one
     errors_in_band: bool = False           # ERRORS_IN_BAND: errors go out as the `error` output
     tools: list[dict[str, Any]] | None = None  # OpenAI tools for the chat template (chat_tools.py)
+    prompt_token_ids: list[int] | None = None  # the prompt as token ids, used as they are
 
 
 def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
@@ -84,6 +87,17 @@ def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
     if not np.issubdtype(array.dtype, np.integer):
         raise InvalidRequest(f"input '{name}' must be an integer tensor, got {array.dtype}")
     return int(value)
+
+
+def _token_ids(array: np.ndarray | None) -> list[int] | None:
+    """The engine checks each id against the vocabulary and the count against max_model_len."""
+    if array is None:
+        return None
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InvalidRequest(f"input 'prompt_token_ids' must be an integer tensor, got {array.dtype}")
+    if array.size == 0:
+        raise InvalidRequest("input 'prompt_token_ids' is empty")
+    return array.reshape(-1).tolist()
 
 
 def _utf8(raw: bytes, name: str, limit: int) -> str:
@@ -116,10 +130,14 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     messages larger than `max_prompt_bytes` is refused before tokenization."""
     raw_text = _scalar(get, "text_input", bytes)
     raw_messages = _scalar(get, "messages", bytes)
-    if raw_text is None and raw_messages is None:
-        raise InvalidRequest("missing input: give 'text_input' (a prompt) or 'messages' (chat JSON)")
-    if raw_text is not None and raw_messages is not None:
-        raise InvalidRequest("give either 'text_input' or 'messages', not both")
+    token_ids = _token_ids(get("prompt_token_ids"))
+    given = [name for name, value in (("text_input", raw_text), ("messages", raw_messages),
+                                      ("prompt_token_ids", token_ids)) if value is not None]
+    if not given:
+        raise InvalidRequest("missing input: give 'text_input' (a prompt), 'messages' (chat JSON) or "
+                             "'prompt_token_ids'")
+    if len(given) > 1:
+        raise InvalidRequest(f"give either 'text_input', 'messages' or 'prompt_token_ids', not {' and '.join(given)}")
     prompt = _utf8(raw_text, "text_input", max_prompt_bytes) if raw_text is not None else None
     messages = (_parse_chat(_utf8(raw_messages, "messages", max_prompt_bytes), "messages", parse_messages)
                 if raw_messages is not None else None)
@@ -158,7 +176,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     if stream and exclude is False:  # vllm_backend's rule, in its words
         raise InvalidRequest("When streaming, `exclude_input_in_output` = False is not allowed.")
     return LLMRequest(
-        prompt=prompt, messages=messages, tools=tools, stream=stream, sampling=sampling,
+        prompt=prompt, messages=messages, tools=tools, prompt_token_ids=token_ids, stream=stream, sampling=sampling,
         # As vllm_backend: a streamed answer never repeats the prompt; a single answer does unless told.
         exclude_input_in_output=True if stream else bool(exclude),
         returns=frozenset(name for name in RETURNS if _scalar(get, name, bool)),

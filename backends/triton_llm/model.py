@@ -180,7 +180,7 @@ class TritonPythonModel:
         try:
             engine = self.supervisor.engine()
             prompt = (self.tokenizer.apply_chat_template(req.messages, tools=req.tools) if req.messages is not None
-                      else req.prompt)
+                      else req.prompt if req.prompt is not None else req.prompt_token_ids)
             sampling = req.sampling
             if req.returns & {"return_cumulative_logprob", "return_logprobs"} and sampling.get("logprobs") is None:
                 sampling = {**sampling, "logprobs": 0}  # the tokens' own logprobs, for those outputs
@@ -238,10 +238,14 @@ class TritonPythonModel:
         if req.stream:
             text = out.delta_text
         else:
-            text = ("" if req.exclude_input_in_output else (out.prompt or "")) + out.text
+            text = ("" if req.exclude_input_in_output else self._prompt_text(out)) + out.text
         self._send(sender, builder.response(out, text, final=True), FINAL)
         if not responded:
             self._observe_first_response(out)
+
+    def _prompt_text(self, out) -> str:
+        """The prompt as the answer repeats it: a prompt given as token ids, decoded."""
+        return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
 
     def _observe_first_response(self, out) -> None:
         """From the request's arrival to its first response in Triton's hands (sent: the send has returned):

@@ -52,11 +52,11 @@ _FAMILIES = [
     ]),
     ("INVALID_ARG", [
         # the llm: its inputs (backends/triton_llm/llm_request.py, sampling_values.py; llm_engine's checks)
-        r"input '\w+' ", r"messages\[\d+\]", r"missing input: give 'text_input'", r"give either 'text_input' or",
+        r"input '\w+' ", r"messages\[\d+\]", r"missing input: give 'text_input'", r"give either 'text_input', ",
         r"tools\[\d+\]", r"messages: the model's chat template refused them",   # chat_tools.py, the tokenizer
         r"'\w+' must be a JSON object", r"(?:sampling_parameters|parameters): '?\w+'? ", r"unknown sampling parameter",
         rf"(?:{_SAMPLING_FIELDS}) must ", r"logit_bias[ \[]",
-        r"prompt has \d+ tokens; it must be shorter than max_model_len",
+        r"prompt has \d+ tokens; it must be shorter than max_model_len", r"prompt token ids must be ",
         r"prompt must not be empty", r"prompt \+ max_tokens = \d+ tokens needs \d+ KV blocks",
         r"When streaming, `exclude_input_in_output` = False is not allowed", r"LoRA feature is not enabled",
         r"structured output", r"unknown structured output key",       # llm_engine's structured output

@@ -9,9 +9,11 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
+from tokenizers import Tokenizer
 
 from llm_streams import StreamSession, llm_inputs
 from ragstack import process_tree
@@ -19,6 +21,7 @@ from server_helpers import http_post
 from server_metrics import metric_value, wait_for_metric
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
+LLM_TOKENIZER = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2" / "tokenizer.json"
 
 
 def generate(url: str, prompt: str, sampling=GREEDY, stream=True, model="llm", **kw):
@@ -80,6 +83,18 @@ def test_token_counts_when_asked(server):
     assert error is None
     assert result.as_numpy("num_output_tokens")[0] == GREEDY["max_tokens"]
     assert result.as_numpy("num_input_tokens")[0] > 0
+
+
+def test_a_prompt_of_token_ids_answers_as_the_text_it_encodes(server):
+    ids = Tokenizer.from_file(str(LLM_TOKENIZER)).encode("Hello there", add_special_tokens=False).ids
+    as_text = generate(server.grpc_url, "Hello there")
+    as_ids = generate(server.grpc_url, None, prompt_token_ids=ids)
+    assert not as_ids.errors and as_ids.text == as_text.text
+    echoed = generate(server.grpc_url, None, prompt_token_ids=ids, stream=False)   # the prompt repeated, decoded
+    assert echoed.text == "Hello there" + as_text.text
+    status, body = http_post(server.http_url, "/v2/models/llm/generate",
+                             {"prompt_token_ids": ids, "exclude_input_in_output": True, "parameters": GREEDY})
+    assert status == 200 and json.loads(body)["text_output"] == as_text.text, body
 
 
 def test_chat_messages_use_the_chat_template(server):
@@ -155,6 +170,9 @@ BAD_INPUTS = [
     ("max_tokens beyond context", dict(max_tokens=100000), "max_tokens"),
     ("empty prompt", dict(prompt=""), "text_input"),
     ("bad messages", dict(prompt=None, messages=[{"role": "user"}]), "messages"),
+    ("token ids and text", dict(prompt_token_ids=[1, 2]), "prompt_token_ids"),
+    ("token id past the vocabulary", dict(prompt=None, prompt_token_ids=[1, 99999]), "prompt token ids must be in"),
+    ("no token ids", dict(prompt=None, prompt_token_ids=[]), "prompt_token_ids"),
 ]
 
 
@@ -185,6 +203,8 @@ def test_bad_input_is_invalid_arg(server, case, inputs, field):
         body["sampling_parameters"] = raw_params
     if "max_tokens" in args:
         body["max_tokens"] = args["max_tokens"]
+    if "prompt_token_ids" in args:
+        body["prompt_token_ids"] = args["prompt_token_ids"]
     status, text = http_post(server.http_url, "/v2/models/llm/generate", body)
     assert status == 400 and field in text, (status, text)
     assert generate(server.grpc_url, "still serving").finals == 1

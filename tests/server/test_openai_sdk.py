@@ -91,6 +91,19 @@ def test_sampling_keys_reach_the_llm(client):
     assert answer.usage.completion_tokens == 4
 
 
+def test_completions_take_prompts_of_token_ids(client):
+    """OpenAI's four prompt forms: the token ids of a text answer as the text does."""
+    encode = Tokenizer.from_file(str(LLM_TOKENIZER)).encode
+    texts = ["Hello there", "The capital of France is"]
+    ids = [encode(t, add_special_tokens=False).ids for t in texts]
+    as_text = [c.text for c in client.completions.create(model="llm", prompt=texts, **GREEDY).choices]
+    assert [c.text for c in client.completions.create(model="llm", prompt=ids, **GREEDY).choices] == as_text
+    one = client.completions.create(model="llm", prompt=ids[0], **GREEDY)
+    assert one.choices[0].text == as_text[0] and one.usage.prompt_tokens == len(ids[0])
+    streamed = client.completions.create(model="llm", prompt=ids[1], stream=True, **GREEDY)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == as_text[1]
+
+
 def test_openai_fields_that_change_nothing_here_are_accepted(client):
     """What frameworks send beside the sampling keys: the same answer as without them."""
     plain = client.chat.completions.create(model="llm", messages=HELLO, **GREEDY).choices[0].message.content

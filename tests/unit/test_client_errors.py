@@ -29,7 +29,10 @@ OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
     ("logit_bias['5'] must be a number in [-100, 100], got 101", "INVALID_ARG"),
     ("prompt + max_tokens = 900 tokens needs 57 KV blocks; the cache holds 24 blocks of 16 tokens", "INVALID_ARG"),
     ("input 'sampling_parameters' is not valid JSON: Expecting value at position 0", "INVALID_ARG"),
-    ("missing input: give 'text_input' (a prompt) or 'messages' (chat JSON)", "INVALID_ARG"),
+    ("missing input: give 'text_input' (a prompt), 'messages' (chat JSON) or 'prompt_token_ids'", "INVALID_ARG"),
+    ("give either 'text_input', 'messages' or 'prompt_token_ids', not text_input and prompt_token_ids",
+     "INVALID_ARG"),
+    ("prompt token ids must be in [0, 512), got min 0, max 99999", "INVALID_ARG"),
     ("'parameters' must be a JSON object, got list", "INVALID_ARG"),
     ("When streaming, `exclude_input_in_output` = False is not allowed.", "INVALID_ARG"),
     # the other steps

@@ -1,6 +1,6 @@
-"""`POST /v1/completions`: an llm model on a prompt used as it is (no chat template); a list of prompts
-gives n choices each, prompt by prompt. `echo` puts the prompt before the answer. `response_format` and
-vLLM's guided_* keys constrain the output (structured.py)."""
+"""`POST /v1/completions`: an llm model on a prompt used as it is (no chat template), text or token
+ids; a list of prompts gives n choices each, prompt by prompt. `echo` puts a text prompt before the
+answer. `response_format` and vLLM's guided_* keys constrain the output (structured.py)."""
 from __future__ import annotations
 
 import time
@@ -26,7 +26,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     prompts = body.prompts(frontend.limits)
     sampling, constrained_by = structured.constrained(body.sampling(), body.model_extra, body.response_format, {},
                                                       None)
-    params = {**{key: key for key in SAMPLING_KEYS}, "prompt": "prompt", "text_input": "prompt", "logprobs": "logprobs",
+    params = {**{key: key for key in SAMPLING_KEYS}, "prompt": "prompt", "text_input": "prompt",
+              "prompt_token_ids": "prompt", "logprobs": "logprobs",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
     requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs), params,

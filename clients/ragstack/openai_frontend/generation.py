@@ -78,11 +78,16 @@ class Request:
     rag: bool = False
 
 
-def llm_inputs(prompt_or_messages: str | list[dict], sampling: dict, stream: bool, logprobs: bool,
+def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict, stream: bool, logprobs: bool,
                tools: np.ndarray | None = None) -> dict:
-    """`tools`: the llm's `tools` input (JSON of OpenAI tools) for its chat template, with messages."""
-    inputs = {"text_input": t.text(prompt_or_messages)} if isinstance(prompt_or_messages, str) else \
-        {"messages": t.text(json.dumps(prompt_or_messages))}
+    """A text prompt, a prompt of token ids, or chat messages; `tools`: the llm's `tools` input (JSON of
+    OpenAI tools) for its chat template, with messages."""
+    if isinstance(prompt_or_messages, str):
+        inputs = {"text_input": t.text(prompt_or_messages)}
+    elif isinstance(prompt_or_messages[0], int):
+        inputs = {"prompt_token_ids": np.array(prompt_or_messages, dtype=np.int32)}
+    else:
+        inputs = {"messages": t.text(json.dumps(prompt_or_messages))}
     if tools is not None:
         inputs["tools"] = tools
     inputs.update(stream=t.flag(stream), sampling_parameters=t.text(json.dumps(sampling)),

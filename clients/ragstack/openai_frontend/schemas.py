@@ -166,14 +166,23 @@ class CompletionRequest(Generation):
             values["logprobs"] = self.logprobs
         return values
 
-    def prompts(self, limits: FrontendLimits) -> list[str]:
-        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-            raise APIError(400, "prompt must be a string or a non-empty list of strings (token ids are not "
-                                "supported)", "prompt")
+    def prompts(self, limits: FrontendLimits) -> list[str | list[int]]:
+        """OpenAI's four forms: a string, a list of strings, a list of token ids, a list of such lists."""
+        prompts = [self.prompt] if isinstance(self.prompt, str) or _token_ids(self.prompt) else self.prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) or _token_ids(p)
+                                                                   for p in prompts):
+            raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
+                                "lists of token ids, none empty", "prompt")
         self.check_sizes(limits, len(prompts) * max(self.n, 1), "prompt" if len(prompts) > 1 else "n")
         for i, prompt in enumerate(prompts):
-            _check_text(prompt, f"prompt[{i}]" if len(prompts) > 1 else "prompt", limits)
+            param = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
+            if isinstance(prompt, str):
+                _check_text(prompt, param, limits)
+            elif not all(0 <= t < 1 << 31 for t in prompt):
+                raise APIError(400, f"{param}: token ids must be in [0, 2^31), got {min(prompt)} to {max(prompt)}",
+                               param)
+            elif self.echo:
+                raise APIError(400, f"{param}: echo repeats text prompts only; this one is token ids", "echo")
         if self.suffix:
             raise APIError(400, "suffix is not supported (no fill-in-the-middle)", "suffix")
         for name in TOOL_KEYS:
@@ -183,6 +192,10 @@ class CompletionRequest(Generation):
             raise APIError(400, "echo with logprobs needs the prompt's logprobs, which this engine does not "
                                 "compute", "echo")
         return prompts
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
 
 class EmbeddingRequest(Strict):
