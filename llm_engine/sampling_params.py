@@ -116,7 +116,7 @@ class SamplingParams:
     samples reproducible whatever else is in the batch. `logprobs` N reports each generated token's
     logprob and rank and the N most likely tokens' logprobs (0: the token's own only; True is 0).
     `logit_bias` adds its value (OpenAI's -100 to 100) to its token id's logit before the penalties;
-    JSON's string keys ("50256") are read as ids.
+    JSON's string keys ("50256") are read as ids. `allowed_token_ids` restricts every pick to those ids.
     """
 
     temperature: float = 1.0
@@ -136,6 +136,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -210,6 +211,13 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.allowed_token_ids is not None:
+            allowed = self.allowed_token_ids
+            if not isinstance(allowed, (list, tuple)) or not allowed or not all(_is_int(t) and t >= 0 for t in allowed):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of non-negative integers, "
+                                 f"got {str(allowed)[:80]}")
+            if self.structured_outputs is not None:  # the grammar's tokens and these may not meet
+                raise ValueError("allowed_token_ids cannot be combined with structured output")
         if self.max_tokens is not None and integer("max_tokens") < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if integer("min_tokens") < 0:

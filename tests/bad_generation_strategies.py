@@ -66,6 +66,9 @@ BAD_VALUES = {
     "logprobs": st.one_of(st.integers(-BIG, -1), st.integers(21, BIG), st.text("xyz", max_size=4),
                           st.floats(**FINITE).filter(lambda v: not v.is_integer()),
                           st.lists(st.booleans(), max_size=2)),
+    "allowed_token_ids": st.one_of(_INT, st.just([]), st.text("xyz", max_size=4), st.lists(
+        st.one_of(st.integers(-BIG, -1), st.integers(1 << 20, BIG),
+                  st.floats(**FINITE).filter(lambda v: not v.is_integer())), min_size=1, max_size=3)),
     # not an object, keys that are no token id or past the vocabulary, biases outside [-100, 100]
     "logit_bias": st.one_of(
         _INT, st.booleans(), st.lists(_INT, max_size=2),

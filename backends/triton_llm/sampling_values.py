@@ -1,6 +1,6 @@
 """A request's sampling values as vLLM's request parsing takes them through vllm_backend: numbers or
 numeric strings for numeric keys, bools or "true"/"false" for flags, lists or JSON-list strings for
-`stop` and `stop_token_ids`, an object or its JSON text for `logit_bias`. The result is a dict for
+`stop`, `stop_token_ids` and `allowed_token_ids`, an object or its JSON text for `logit_bias`. The result is a dict for
 llm_engine.SamplingParams, which checks ranges.
 Anything else is refused naming the key, the value and what it must be.
 """
@@ -26,7 +26,6 @@ _UNSUPPORTED = {
     "spaces_between_special_tokens": "spaces_between_special_tokens",
     "truncate_prompt_tokens": "truncate_prompt_tokens",
     "bad_words": "bad_words",
-    "allowed_token_ids": "allowed_token_ids",
     "detokenize": "detokenize",
     "guided_whitespace_pattern": "a whitespace pattern (structured output is compact JSON)",
 }

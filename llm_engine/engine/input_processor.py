@@ -53,9 +53,15 @@ class InputProcessor:
             raise ValueError(f"max_tokens must be <= {limit - n} (max_model_len={limit} minus {n} "
                              f"prompt tokens), got {params.max_tokens}")
         for name, named in (("stop_token_ids", params.stop_token_ids),
-                            ("logit_bias token ids", params.logit_bias or ())):
+                            ("logit_bias token ids", params.logit_bias or ()),
+                            ("allowed_token_ids", params.allowed_token_ids or ())):
             if named and max(named) >= self.vocab_size:
                 raise ValueError(f"{name} must be < vocab size {self.vocab_size}, got {max(named)}")
+        if params.allowed_token_ids and params.min_tokens:
+            masked = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
+            if set(params.allowed_token_ids) <= masked:
+                raise ValueError(f"allowed_token_ids holds only end-of-sequence or stop ids, which min_tokens="
+                                 f"{params.min_tokens} forbids: no token could be picked")
         return EngineRequest(request_id, text, ids, params, arrival)
 
     def _prompt_ids(self, prompt, prompt_token_ids) -> list[int]:

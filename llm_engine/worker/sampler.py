@@ -1,8 +1,8 @@
 """Batched next-token sampling over the logits of one step.
 
 Order of processing, per row: min_tokens masking of eos/stop ids -> structured output's token mask
-(a packed bitmask, kernels/token_bitmask.py) -> logit_bias -> repetition, frequency and presence
-penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
+(a packed bitmask, kernels/token_bitmask.py) -> allowed_token_ids -> logit_bias -> repetition, frequency
+and presence penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows (temperature 0)
 take the argmax of the penalised logits. Other rows sample with the exponential-race trick,
 argmax(p / q) with q ~ Exp(1), which draws exactly from p and stays one batched op. A seeded row
 draws its q from a generator seeded by (seed, output position), so its tokens do not depend on
@@ -82,6 +82,7 @@ class Sampler:
         self._mask_early_stop(logits, seqs)
         if bitmask is not None:
             ops.apply_token_bitmask(logits, to_device(bitmask, torch.int32, logits.device))
+        _keep_allowed(logits, params)
         _add_logit_bias(logits, params)
         logits = self._apply_penalties(logits, seqs, sampled_ids)
 
@@ -170,6 +171,19 @@ class Sampler:
                 gen.manual_seed((p.seed + seq.num_output_tokens * _SEED_MIX) % 2**63)
                 q[i].exponential_(generator=gen)
         return (probs / q).argmax(dim=-1)
+
+
+def _keep_allowed(logits: torch.Tensor, params: list) -> None:
+    """Every other token of a row with allowed_token_ids is masked."""
+    rows = [i for i, p in enumerate(params) if p.allowed_token_ids]
+    if not rows:
+        return
+    device = logits.device
+    allowed = torch.zeros(len(rows), logits.shape[1], dtype=torch.bool, device=device)
+    at = [(r, t) for r, i in enumerate(rows) for t in params[i].allowed_token_ids]
+    allowed[to_device([r for r, _ in at], torch.long, device), to_device([t for _, t in at], torch.long, device)] = True
+    index = to_device(rows, torch.long, device)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
 def _add_logit_bias(logits: torch.Tensor, params: list) -> None:

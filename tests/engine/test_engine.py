@@ -95,6 +95,9 @@ def test_stop_string_on_the_last_allowed_token_reports_stop(fake_engine):
     (dict(prompt="a", sampling_params={"stop_token_ids": [300]}), "stop_token_ids must be < vocab size 260"),
     (dict(prompt="a", sampling_params={"logit_bias": {"1": 5, "260": -1}}),
      "logit_bias token ids must be < vocab size 260, got 260"),
+    (dict(prompt="a", sampling_params={"allowed_token_ids": [1, 300]}), "allowed_token_ids must be < vocab size 260"),
+    (dict(prompt="a", sampling_params={"allowed_token_ids": [7], "stop_token_ids": [7], "min_tokens": 1}),
+     "allowed_token_ids holds only end-of-sequence or stop ids, which min_tokens=1 forbids"),
 ])
 def test_bad_requests_raise_value_error_and_the_engine_serves_on(fake_engine, kwargs, message):
     engine = fake_engine(max_model_len=40)

@@ -205,3 +205,15 @@ def test_logit_bias_cannot_unmask_a_token(sampler):
     logits[0, 9] = 1.0
     out = sampler(logits, [seq(output=(1,), temperature=0, min_tokens=2, stop_token_ids=[9], logit_bias={9: 100})])
     assert out.token_ids[0] != 9
+
+
+def test_allowed_token_ids_restrict_every_pick(sampler):
+    logits = logits_for(3)
+    seqs = [seq(temperature=0, allowed_token_ids=[2, 11]),
+            seq(temperature=1.0, seed=4, allowed_token_ids=[5, 6, 7], logprobs=0),
+            seq(temperature=0, allowed_token_ids=[2, 11], logit_bias={11: 100})]
+    out = sampler(logits, seqs)
+    assert out.token_ids[0] == (2 if logits[0, 2] > logits[0, 11] else 11)
+    assert out.token_ids[1] in (5, 6, 7) and out.token_ids[2] == 11
+    kept = logits[1, [5, 6, 7]]
+    assert out.logprobs[1] == pytest.approx((kept - kept.logsumexp(0))[out.token_ids[1] - 5].item(), abs=1e-4)

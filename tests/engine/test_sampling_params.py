@@ -48,6 +48,9 @@ def test_stop_string_becomes_a_list():
     ("logit_bias", {5: float("nan")}, "logit_bias[5] must be a number in [-100, 100], got nan"),
     ("logit_bias", {5: "1"}, "logit_bias[5] must be a number in [-100, 100], got '1'"),
     ("logit_bias", {5: 1, "5": 2}, "logit_bias names token id 5 twice"),
+    ("allowed_token_ids", [], "allowed_token_ids must be a non-empty list of non-negative integers, got []"),
+    ("allowed_token_ids", [1, -1], "allowed_token_ids must be a non-empty list of non-negative integers"),
+    ("allowed_token_ids", "12", "allowed_token_ids must be a non-empty list"),
 ])
 def test_invalid_values_name_field_value_and_limit(field, value, message):
     with pytest.raises(ValueError) as err:
@@ -80,3 +83,8 @@ def test_from_dict_rejects_invalid_values_and_non_dicts():
 def test_logit_bias_keys_are_read_as_token_ids():
     assert SamplingParams(logit_bias={"50256": -100, 7: 2.5, " 3": 100}).logit_bias == {50256: -100.0, 7: 2.5, 3: 100.0}
     assert SamplingParams.from_dict({"logit_bias": {}}).logit_bias == {}
+
+
+def test_allowed_token_ids_and_structured_output_do_not_combine():
+    with pytest.raises(ValueError, match="allowed_token_ids cannot be combined with structured output"):
+        SamplingParams(allowed_token_ids=[1, 2], structured_outputs={"choice": ["a", "b"]})

@@ -54,6 +54,8 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
      "logit_bias", "logit_bias token ids must be < vocab size"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "logit_bias": {"1": 500}}, 400, "logit_bias",
      "must be a number in [-100, 100], got 500"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "allowed_token_ids": [1, 99999]}, 400,
+     "allowed_token_ids", "allowed_token_ids must be < vocab size"),
     ("/v1/completions", {"model": "llm", "prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, 400,
      "logit_bias", "logit_bias has 1025 token ids; the limit is 1024 (max_logit_bias)"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "frobnicate": 1}, 400, "frobnicate",

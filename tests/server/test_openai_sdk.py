@@ -115,7 +115,7 @@ def test_openai_fields_that_change_nothing_here_are_accepted(client):
 
 
 def test_logit_bias_forces_and_bans_tokens(client):
-    """OpenAI's logit_bias: JSON string keys naming token ids of the llm's tokenizer."""
+    """OpenAI's logit_bias: JSON string keys naming token ids of the llm's tokenizer; vLLM's allowed_token_ids."""
     [the] = Tokenizer.from_file(str(LLM_TOKENIZER)).encode(" the", add_special_tokens=False).ids
     forced = client.chat.completions.create(model="llm", messages=HELLO, temperature=0, max_tokens=3, logprobs=True,
                                             logit_bias={str(the): 100}, extra_body={"ignore_eos": True}).choices[0]
@@ -127,6 +127,9 @@ def test_logit_bias_forces_and_bans_tokens(client):
     text = client.completions.create(model="llm", prompt="Hello", temperature=0, max_tokens=2,
                                      logit_bias={str(the): 100}).choices[0].text
     assert text == " the" * 2
+    only = client.chat.completions.create(model="llm", messages=HELLO, temperature=1.0, seed=5, max_tokens=3,
+                                          extra_body={"allowed_token_ids": [the], "ignore_eos": True})
+    assert only.choices[0].message.content == " the" * 3   # vLLM's allowed_token_ids
 
 
 def test_logprobs_name_the_sampled_tokens_and_the_most_likely(client):

@@ -27,8 +27,8 @@ class FrontendLimits:
     max_messages: int = _knob(1024, "chat messages per request")
     max_text_chars: int = _knob(1 << 20, "characters of one text: a message, a prompt, an input, a document")
     max_stop: int = _knob(16, "stop strings (and stop_token_ids) per request")
-    # Each biased token is added to every step's logits of the request.
-    max_logit_bias: int = _knob(1024, "token ids in one request's logit_bias")
+    # Each biased or allowed token is written into every step's logits of the request.
+    max_logit_bias: int = _knob(1024, "token ids in one request's logit_bias, and in its allowed_token_ids")
     max_embedding_inputs: int = _knob(2048, "inputs of one embeddings request")
     max_rerank_documents: int = _knob(1024, "documents of one rerank request")
     # The embed and rerank tokenizers' max_texts: larger requests are sent in batches of this size.

@@ -20,7 +20,7 @@ from ragstack.openai_frontend.tools import tool_calls_message
 # Sampling keys the llm takes under their OpenAI / vLLM names.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
                  "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-                 "skip_special_tokens", "logit_bias")
+                 "skip_special_tokens", "logit_bias", "allowed_token_ids")
 # OpenAI's deprecated forms of tools: refused, pointing to tools.
 LEGACY = {"functions": "tools", "function_call": "tool_choice"}
 # OpenAI chat fields for what this server does not do: refused naming the field, not sent to the llm as
@@ -62,6 +62,7 @@ class Generation(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     logit_bias: dict[str, float] | None = None   # token id (JSON's string key) -> bias; the llm reads the ids
+    allowed_token_ids: list[int] | None = None
     response_format: Any = None   # structured.py
 
     def sampling(self) -> dict[str, Any]:
@@ -81,9 +82,10 @@ class Generation(BaseModel):
                 raise APIError(400, f"{name} has {len(values)} items; the limit is {limits.max_stop} (max_stop)", name)
         for i, stop in enumerate(stops):
             _check_text(stop, f"stop[{i}]", limits)
-        if self.logit_bias and len(self.logit_bias) > limits.max_logit_bias:
-            raise APIError(400, f"logit_bias has {len(self.logit_bias)} token ids; the limit is "
-                                f"{limits.max_logit_bias} (max_logit_bias)", "logit_bias")
+        for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ())):
+            if len(ids) > limits.max_logit_bias:
+                raise APIError(400, f"{name} has {len(ids)} token ids; the limit is {limits.max_logit_bias} "
+                                    "(max_logit_bias)", name)
         for name, instead in LEGACY.items():
             if (self.model_extra or {}).get(name) is not None:
                 raise APIError(400, f"'{name}' is OpenAI's deprecated form of '{instead}': send '{instead}' instead",
