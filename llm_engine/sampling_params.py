@@ -117,6 +117,7 @@ class SamplingParams:
     logprob and rank and the N most likely tokens' logprobs (0: the token's own only; True is 0).
     `logit_bias` adds its value (OpenAI's -100 to 100) to its token id's logit before the penalties;
     JSON's string keys ("50256") are read as ids. `allowed_token_ids` restricts every pick to those ids.
+    `truncate_prompt_tokens` k keeps the prompt's last k tokens (-1: max_model_len of them), as vLLM does.
     """
 
     temperature: float = 1.0
@@ -137,6 +138,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputs | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -211,6 +213,10 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.truncate_prompt_tokens is not None and not (integer("truncate_prompt_tokens") >= 1
+                                                            or self.truncate_prompt_tokens == -1):
+            raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), "
+                             f"got {self.truncate_prompt_tokens}")
         if self.allowed_token_ids is not None:
             allowed = self.allowed_token_ids
             if not isinstance(allowed, (list, tuple)) or not allowed or not all(_is_int(t) and t >= 0 for t in allowed):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from hypothesis import strategies as st
 
@@ -27,13 +28,27 @@ CHAT = '[{"role": "user", "content": "hi"}]'
 
 BIG = 10 ** 30  # integers stay under the backend's 32 digits, so the error is about the key, not the JSON
 _INT = st.integers(-BIG, BIG)
+
+
+def _reads_as_value(text: str) -> bool:
+    """A string the llm reads as a number or a flag (sampling_values.py), as vLLM's clients send them."""
+    if text.strip().lower() in ("true", "false"):
+        return True
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 # Values that are no number and no bool. null is left out: it leaves a key's default, as in vLLM's
 # OpenAI server (docs/llm_model.md).
-_WRONG_TYPE = st.one_of(st.text(max_size=6), st.lists(st.integers(0, 9), max_size=3),
+_WRONG_TYPE = st.one_of(st.text(max_size=6).filter(lambda t: not _reads_as_value(t)),
+                        st.lists(st.integers(0, 9), max_size=3),
                         st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2))
 _NOT_NUMBER = st.one_of(_WRONG_TYPE, st.booleans())
-_NOT_INT = st.one_of(_NOT_NUMBER, st.floats(**FINITE), st.integers(-BIG, INT64[0] - 1),
-                     st.integers(INT64[1] + 1, BIG))
+# an integral float is read as the integer (3.0 as 3)
+_NOT_INT = st.one_of(_NOT_NUMBER, st.floats(**FINITE).filter(lambda v: not v.is_integer()),
+                     st.integers(-BIG, INT64[0] - 1), st.integers(INT64[1] + 1, BIG))
 
 
 def _below(bound, inclusive=False):
@@ -62,6 +77,7 @@ BAD_VALUES = {
     "stop_token_ids": st.one_of(_INT, st.text(max_size=4), st.lists(
         st.one_of(st.integers(-BIG, -1), st.integers(1 << 40, BIG), st.text(max_size=2), st.floats(**FINITE)),
         min_size=1, max_size=3)),
+    "truncate_prompt_tokens": st.one_of(_NOT_INT, st.integers(-BIG, -2), st.just(0)),
     # an integer N from 0 to 20 (or its string), or a bool
     "logprobs": st.one_of(st.integers(-BIG, -1), st.integers(21, BIG), st.text("xyz", max_size=4),
                           st.floats(**FINITE).filter(lambda v: not v.is_integer()),
@@ -77,7 +93,8 @@ BAD_VALUES = {
         st.dictionaries(st.integers(0, 9).map(str),
                         st.one_of(_below(-100.0), _above(100.0), st.text("xyz", min_size=1)), min_size=1, max_size=2),
         st.dictionaries(st.integers(1 << 20, BIG).map(str), st.integers(-100, 100), min_size=1, max_size=2)),
-    **{name: st.one_of(_INT, st.text(max_size=4), st.lists(st.booleans(), max_size=2))
+    **{name: st.one_of(_INT, st.text(max_size=4).filter(lambda t: not _reads_as_value(t)),
+                       st.lists(st.booleans(), max_size=2))
        for name in BOOLEAN},
 }
 

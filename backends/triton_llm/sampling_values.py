@@ -24,7 +24,6 @@ _UNSUPPORTED = {
     "prompt_logprobs": "prompt_logprobs",
     "include_stop_str_in_output": "include_stop_str_in_output",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
-    "truncate_prompt_tokens": "truncate_prompt_tokens",
     "bad_words": "bad_words",
     "detokenize": "detokenize",
     "guided_whitespace_pattern": "a whitespace pattern (structured output is compact JSON)",

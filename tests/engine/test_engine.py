@@ -49,6 +49,19 @@ def test_greedy_generation_and_streamed_deltas(fake_engine):
     assert last.prompt == "ab" and last.prompt_token_ids == [ord("a"), ord("b")]
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_tail(fake_engine):
+    engine = fake_engine(max_model_len=40)
+    engine.add_request("tail", "abcdef", SamplingParams(max_tokens=2, truncate_prompt_tokens=2, **GREEDY))
+    engine.add_request("whole", "abc", SamplingParams(max_tokens=2, truncate_prompt_tokens=5, **GREEDY))
+    with pytest.raises(ValueError, match="prompt has 40 tokens; it must be shorter than max_model_len=40"):
+        # -1 keeps max_model_len tokens, as in vLLM: a generation needs one place more
+        engine.add_request("model_len", "x" * 60, SamplingParams(max_tokens=1, truncate_prompt_tokens=-1))
+    outs = drain(engine)
+    tail, whole = final(outs, "tail"), final(outs, "whole")
+    assert tail.prompt_token_ids == [ord("e"), ord("f")] and tail.prompt is None and tail.text == "gh"
+    assert whole.prompt == "abc" and whole.prompt_token_ids == [ord(c) for c in "abc"]
+
+
 def test_eos_stops_unless_ignored(fake_engine):
     engine = fake_engine()
     engine.add_request("stop", "x", SamplingParams(max_tokens=8, **GREEDY))

@@ -51,6 +51,9 @@ def test_stop_string_becomes_a_list():
     ("allowed_token_ids", [], "allowed_token_ids must be a non-empty list of non-negative integers, got []"),
     ("allowed_token_ids", [1, -1], "allowed_token_ids must be a non-empty list of non-negative integers"),
     ("allowed_token_ids", "12", "allowed_token_ids must be a non-empty list"),
+    ("truncate_prompt_tokens", 0, "truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got 0"),
+    ("truncate_prompt_tokens", -2, "truncate_prompt_tokens must be >= 1 or -1"),
+    ("truncate_prompt_tokens", 1.5, "truncate_prompt_tokens must be an integer, got 1.5"),
 ])
 def test_invalid_values_name_field_value_and_limit(field, value, message):
     with pytest.raises(ValueError) as err:

@@ -320,6 +320,7 @@ def test_a_vllm_backend_model_folder_loads_from_its_model_json(triton_server):
     ({"stop_token_ids": 7}, 400, "'stop_token_ids' must be a list (or a JSON-list string), got 7"),
     ({"max_tokens": 8, "logit_bias": {"0": 5}}, 200, None),
     ({"max_tokens": 8, "allowed_token_ids": "[0, 1]"}, 200, None),
+    ({"max_tokens": 4, "truncate_prompt_tokens": "1"}, 200, None),
     ({"max_tokens": 8, "logit_bias": '{"0": "-5.5"}'}, 200, None),
     ({"logit_bias": 7}, 400, "'logit_bias' must be an object (or its JSON text), got 7"),
     ({"logit_bias": {"0": "lots"}}, 400, "'logit_bias['0']' must be a number or a numeric string, got 'lots'"),
