@@ -23,8 +23,11 @@ _HTTP_CODES = {400: "INVALID_ARG", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 413:
 
 # What Triton puts before a step's message: the ensemble, and a Python model's BLS call.
 _WRAPPERS = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running inference: )+")
+# llm_engine.SamplingParams' fields, each of whose messages starts "<field> must" (test_client_errors checks
+# that every field is here).
 _SAMPLING_FIELDS = ("temperature|top_p|top_k|min_p|repetition_penalty|presence_penalty|frequency_penalty|max_tokens|"
-                    "min_tokens|logprobs|seed|stop|stop_token_ids|ignore_eos|skip_special_tokens|allowed_token_ids")
+                    "min_tokens|logprobs|seed|stop|stop_token_ids|ignore_eos|skip_special_tokens|structured_outputs|"
+                    "logit_bias|allowed_token_ids|truncate_prompt_tokens")
 _STEP_INPUTS = ("text|query|passages|passage_ids|sources|scores|embedding|top_k|top_n|input_ids|attention_mask|"
                 "token_type_ids|mode|locations")
 
@@ -55,7 +58,7 @@ _FAMILIES = [
         r"input '\w+' ", r"messages\[\d+\]", r"missing input: give 'text_input'", r"give either 'text_input', ",
         r"tools\[\d+\]", r"messages: the model's chat template refused them",   # chat_tools.py, the tokenizer
         r"'\w+' must be a JSON object", r"(?:sampling_parameters|parameters): '?\w+'? ", r"unknown sampling parameter",
-        rf"(?:{_SAMPLING_FIELDS}) must ", r"logit_bias[ \[]", r"allowed_token_ids (?:holds|cannot)",
+        rf"(?:{_SAMPLING_FIELDS}) must ", r"(?:logit_bias|allowed_token_ids)[ \[]",
         r"prompt has \d+ tokens; it must be shorter than max_model_len", r"prompt token ids must be ",
         r"prompt must not be empty", r"prompt \+ max_tokens = \d+ tokens needs \d+ KV blocks",
         r"When streaming, `exclude_input_in_output` = False is not allowed", r"LoRA feature is not enabled",

@@ -3,11 +3,13 @@ Triton 2.51 drops it (ragstack.error_codes), a failed load's reason in one line 
 and the --url forms the transports take. The messages are copied from the server's answers."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
+from llm_engine.sampling_params import SamplingParams
 from ragstack.error_codes import code_from_grpc, code_from_http, code_from_message
 from ragstack.reachability import address
 from ragstack.results import ModelInfo
@@ -27,6 +29,8 @@ OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
      "INVALID_ARG"),
     ("in ensemble 'rag', logit_bias token ids must be < vocab size 512, got 99999", "INVALID_ARG"),
     ("logit_bias['5'] must be a number in [-100, 100], got 101", "INVALID_ARG"),
+    ("allowed_token_ids holds only end-of-sequence or stop ids, which min_tokens=1 forbids: no token could be "
+     "picked", "INVALID_ARG"),
     ("prompt + max_tokens = 900 tokens needs 57 KV blocks; the cache holds 24 blocks of 16 tokens", "INVALID_ARG"),
     ("input 'sampling_parameters' is not valid JSON: Expecting value at position 0", "INVALID_ARG"),
     ("missing input: give 'text_input' (a prompt), 'messages' (chat JSON) or 'prompt_token_ids'", "INVALID_ARG"),
@@ -61,6 +65,13 @@ OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 ])
 def test_a_message_of_a_known_family_has_its_code(message, code):
     assert code_from_message(message) == code
+
+
+def test_every_sampling_parameters_refusal_is_invalid_arg():
+    """Through a gRPC stream a message names no code: a SamplingParams field missing from error_codes' families
+    would come back as a 500 from the OpenAI frontend."""
+    for field in dataclasses.fields(SamplingParams):
+        assert code_from_message(f"in ensemble 'rag', {field.name} must be something, got x") == "INVALID_ARG", field
 
 
 @pytest.mark.parametrize("message", [
