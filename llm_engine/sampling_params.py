@@ -213,10 +213,10 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.truncate_prompt_tokens is not None and not (integer("truncate_prompt_tokens") >= 1
-                                                            or self.truncate_prompt_tokens == -1):
-            raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), "
-                             f"got {self.truncate_prompt_tokens}")
+        if self.truncate_prompt_tokens is not None:
+            keep = integer("truncate_prompt_tokens")
+            if keep < 1 and keep != -1:
+                raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got {keep}")
         if self.allowed_token_ids is not None:
             allowed = self.allowed_token_ids
             if not isinstance(allowed, (list, tuple)) or not allowed or not all(_is_int(t) and t >= 0 for t in allowed):

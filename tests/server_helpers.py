@@ -1,7 +1,7 @@
 """Shared by the server tests: server options on free ports, the test-only repository, and POSTs to
 the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops), and
-statistics read once the server has counted what it answered, waiting for a condition, and a process held
-stopped."""
+statistics read once the server has counted what it answered, waiting for a condition, a process held
+stopped, and the demo llm's checkpoint and token ids."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +18,14 @@ from ragstack.launcher import ServerOptions, free_port
 
 T = TypeVar("T")
 FIXTURE_REPOSITORY = Path(__file__).resolve().parent / "fixtures" / "model_repository"
+TINY_LLM = Path(__file__).resolve().parents[1] / "model_repository" / "llm" / "1" / "tiny-qwen2"  # ragstack build's
+
+
+def tiny_llm_ids(text: str) -> list[int]:
+    """`text` in the demo llm's token ids, as its tokenizer encodes a prompt."""
+    from tokenizers import Tokenizer  # noqa: PLC0415 - the tests that tokenize are few
+
+    return Tokenizer.from_file(str(TINY_LLM / "tokenizer.json")).encode(text, add_special_tokens=False).ids
 
 
 def free_server_options(openai: bool = False, **overrides) -> ServerOptions:

@@ -41,9 +41,10 @@ class InputProcessor:
         params = _resolve_params(sampling_params)
         text = prompt if isinstance(prompt, str) else None
         ids = self._prompt_ids(prompt, prompt_token_ids)
-        keep = params.truncate_prompt_tokens
-        if keep is not None and len(ids) > (keep := self.max_model_len if keep == -1 else keep):
-            ids, text = ids[-keep:], None  # the text no longer says what the model sees
+        if params.truncate_prompt_tokens is not None:
+            keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            if len(ids) > keep:
+                ids, text = ids[-keep:], None  # the text no longer says what the model sees
 
         limit = self.max_model_len
         n = len(ids)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,15 +12,14 @@ from tritonclient.utils import InferenceServerException
 
 from benchmarks import bench_serving
 from ragstack.launcher import TritonServer
-from server_helpers import free_server_options, settled
+from server_helpers import TINY_LLM, free_server_options, settled
 
-TINY = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2"
 
 
 @pytest.fixture(scope="module")
 def baseline_server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("hf_repository")
-    bench_serving.write_hf_baseline(repository, str(TINY), max_batch_size=4)
+    bench_serving.write_hf_baseline(repository, str(TINY_LLM), max_batch_size=4)
     options = free_server_options(model_repositories=[repository], models=["hf_generate"])
     with TritonServer(options, work_dir=tmp_path_factory.mktemp("hf_triton")) as server:
         yield server

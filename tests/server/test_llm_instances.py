@@ -26,11 +26,10 @@ from llm_streams import StreamSession, llm_inputs
 from ragstack import load_gen, process_tree
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
 from raw_http import connect, request_bytes
-from server_helpers import free_server_options, wait_until
+from server_helpers import TINY_LLM, free_server_options, wait_until
 
 pytestmark = pytest.mark.server
 INSTANCES_REPOSITORY = Path(__file__).resolve().parents[1] / "fixtures" / "instances_repository"
-CHECKPOINT = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2"
 MODEL = "llm_instances"
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
 LONG = 1500  # tokens: still running when the fault comes
@@ -106,7 +105,7 @@ def test_concurrent_streams_over_the_instances_match_one_engine_alone(server):
     assert process_tree.cmdline(engine)[-6:-4] == ["--model", f"{MODEL}/1"]
     prompts = [f"stream {i} of many says" for i in range(24)]
     shared = generate_all(server.grpc_url, MODEL, prompts)
-    with LLM(str(CHECKPOINT), device="cpu", max_model_len=2048) as llm:
+    with LLM(str(TINY_LLM), device="cpu", max_model_len=2048) as llm:
         alone = llm.generate(prompts, [llm.engine.processor.process("p", p, GREEDY).sampling_params for p in prompts])
     for a, b in zip(shared, alone):
         assert not a.errors and a.finals == 1 and a.finish_reasons == ["length"], a

@@ -9,19 +9,16 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
-from tokenizers import Tokenizer
 
 from llm_streams import StreamSession, llm_inputs
 from ragstack import process_tree
-from server_helpers import http_post
+from server_helpers import http_post, tiny_llm_ids
 from server_metrics import metric_value, wait_for_metric
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
-LLM_TOKENIZER = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2" / "tokenizer.json"
 
 
 def generate(url: str, prompt: str, sampling=GREEDY, stream=True, model="llm", **kw):
@@ -86,7 +83,7 @@ def test_token_counts_when_asked(server):
 
 
 def test_a_prompt_of_token_ids_answers_as_the_text_it_encodes(server):
-    ids = Tokenizer.from_file(str(LLM_TOKENIZER)).encode("Hello there", add_special_tokens=False).ids
+    ids = tiny_llm_ids("Hello there")
     as_text = generate(server.grpc_url, "Hello there")
     as_ids = generate(server.grpc_url, None, prompt_token_ids=ids)
     assert not as_ids.errors and as_ids.text == as_text.text

@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from pathlib import Path
 
 import numpy as np
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
-from tokenizers import Tokenizer
 
 from ragstack.client import RagClient
+from server_helpers import tiny_llm_ids
 
 pytestmark = pytest.mark.server
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
 QUESTION = "How does paged attention store the KV cache?"
-LLM_TOKENIZER = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2" / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +91,8 @@ def test_sampling_keys_reach_the_llm(client):
 
 def test_completions_take_prompts_of_token_ids(client):
     """OpenAI's four prompt forms: the token ids of a text answer as the text does."""
-    encode = Tokenizer.from_file(str(LLM_TOKENIZER)).encode
     texts = ["Hello there", "The capital of France is"]
-    ids = [encode(t, add_special_tokens=False).ids for t in texts]
+    ids = [tiny_llm_ids(t) for t in texts]
     as_text = [c.text for c in client.completions.create(model="llm", prompt=texts, **GREEDY).choices]
     assert [c.text for c in client.completions.create(model="llm", prompt=ids, **GREEDY).choices] == as_text
     one = client.completions.create(model="llm", prompt=ids[0], **GREEDY)
@@ -116,7 +113,7 @@ def test_openai_fields_that_change_nothing_here_are_accepted(client):
 
 def test_logit_bias_forces_and_bans_tokens(client):
     """OpenAI's logit_bias: JSON string keys naming token ids of the llm's tokenizer; vLLM's allowed_token_ids."""
-    [the] = Tokenizer.from_file(str(LLM_TOKENIZER)).encode(" the", add_special_tokens=False).ids
+    [the] = tiny_llm_ids(" the")
     forced = client.chat.completions.create(model="llm", messages=HELLO, temperature=0, max_tokens=3, logprobs=True,
                                             logit_bias={str(the): 100}, extra_body={"ignore_eos": True}).choices[0]
     assert forced.message.content == " the" * 3

@@ -12,7 +12,6 @@ import queue
 import time
 import urllib.request
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ import tritonclient.grpc.aio as aio_grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from server_helpers import http_post, settled
+from server_helpers import TINY_LLM, http_post, settled
 from server_metrics import metric_value, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -271,7 +270,6 @@ def test_vllm_backends_metric_families_count_the_requests(triton_server):
 
 # --- a vllm_backend model folder: 1/model.json holds vLLM engine arguments ----------------------------------
 
-TINY = Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "tiny-qwen2"
 
 
 def load_vllm_folder(url: str, name: str, engine_args: dict) -> None:
@@ -283,9 +281,9 @@ def load_vllm_folder(url: str, name: str, engine_args: dict) -> None:
 
 @pytest.mark.parametrize("engine_args, message", [
     ({"model": "facebook/opt-125m"}, r"model 'facebook/opt-125m': no folder .* nothing is downloaded"),
-    ({"model": str(TINY), "quantization": "awq", "pipeline_parallel_size": 2},
+    ({"model": str(TINY_LLM), "quantization": "awq", "pipeline_parallel_size": 2},
      r"cannot honour: quantization='awq'; pipeline_parallel_size=2"),
-    ({"model": str(TINY), "kv_cache_dtype": "fp8_e5m2"}, r"kv_cache_dtype 'fp8_e5m2' \(supported: auto, fp8, fp8_e4m3\)"),
+    ({"model": str(TINY_LLM), "kv_cache_dtype": "fp8_e5m2"}, r"kv_cache_dtype 'fp8_e5m2' \(supported: auto, fp8, fp8_e4m3\)"),
 ], ids=["hub-id", "unsupported-arguments", "kv-cache-dtype"])
 def test_a_model_json_that_cannot_be_honoured_fails_the_load_naming_why(triton_server, engine_args, message):
     with pytest.raises(InferenceServerException, match=message):
@@ -294,7 +292,7 @@ def test_a_model_json_that_cannot_be_honoured_fails_the_load_naming_why(triton_s
 
 def test_a_vllm_backend_model_folder_loads_from_its_model_json(triton_server):
     load_vllm_folder(triton_server.http_url, "vllm_model", {
-        "model": str(TINY), "gpu_memory_utilization": 0.1, "enforce_eager": True, "disable_log_stats": False,
+        "model": str(TINY_LLM), "gpu_memory_utilization": 0.1, "enforce_eager": True, "disable_log_stats": False,
         "max_model_len": 512, "dtype": "float", "enable_prefix_caching": True})
     try:
         [result] = run_stream(triton_server.grpc_url, [dict(vllm_request(PROMPTS[0], 0, False, SAMPLING))])
