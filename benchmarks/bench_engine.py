@@ -3,7 +3,8 @@ and prompts, in one run, plus the single-stream roofline from the bandwidth meas
 
 Workloads (issue 7): a = one stream, 128-token prompt, 256 output tokens; b = N requests at once,
 prompts uniform in 128..1024, outputs uniform in 128..512 (ignore_eos); c = 8 requests of 16k-token
-prompts, 128 output tokens; d = FP8 KV against bf16 KV on b and c.
+prompts, 128 output tokens; d = FP8 KV against bf16 KV on b and c; e = N requests scored as lm-eval's
+loglikelihood requests are (prompts uniform in 128..1024, one output token).
 
     python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a,b --num-requests 1000
 
@@ -39,6 +40,11 @@ bf16 engine's row):
 
     python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads a,b --no-hf --quantization fp8 \
         --engine '{}' --engine '{"kv_cache_dtype": "fp8_e4m3"}'
+
+--prompt-logprobs N adds, per workload and setting, a row with every request scoring its prompt
+(SamplingParams.prompt_logprobs N; the row's seconds against the row without it are scoring's cost):
+
+    python -m benchmarks.bench_engine --model /tmp/llama3-8b --workloads e --no-hf --prompt-logprobs 1
 
 Tensor parallelism (one process per GPU from cuda:0; HF's baseline, one GPU, is skipped):
 
@@ -96,6 +102,8 @@ def make_workload(name: str, vocab: int, num_requests: int, seed: int = 0):
         specs = [(rng.randint(128, 1024), rng.randint(128, 512)) for _ in range(num_requests)]
     elif name == "c":
         specs = [(16384, 128)] * 8
+    elif name == "e":
+        specs = [(rng.randint(128, 1024), 1) for _ in range(num_requests)]
     else:
         raise ValueError(f"unknown workload {name!r}")
     # Ids away from the special tokens at the end of the vocabulary.
@@ -123,11 +131,12 @@ def measure_bandwidth() -> float:
 
 def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len: int, tp: int,
                async_scheduling: bool = True, overrides: dict | None = None, guided: list[dict] | None = None,
-               label: str = "") -> tuple[Row, list]:
+               label: str = "", prompt_logprobs: int | None = None) -> tuple[Row, list]:
     """Peak memory is rank 0's GPU (each rank holds its shard and KV pool). `overrides`: more
     EngineConfig fields, and "launch_params" ({kernel: {param: value}} over launch_configs/*.json;
     this process's kernels only, so rank 0's), named in the row's system. `guided`: a JSON schema per
-    request (structured output). Returns the row and the outputs."""
+    request (structured output); `prompt_logprobs`: every request scores its prompt. Returns the row and the
+    outputs."""
     from llm_engine import LLM, SamplingParams
     from llm_engine.kernels.launch_config import override_launch_params
 
@@ -143,7 +152,7 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
             stack.enter_context(override_launch_params(kernel, **values))
         llm = stack.enter_context(LLM(model, **settings))  # built, warmed up and captured under them
         prompts = [ids for ids, _ in requests]
-        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True,
+        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True, prompt_logprobs=prompt_logprobs,
                                  structured_outputs={"json": guided[i]} if guided else None)
                   for i, (_, o) in enumerate(requests)]
         llm.generate(prompts[:1], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])  # warm-up
@@ -161,7 +170,7 @@ def run_engine(model: str, workload: str, requests, kv_dtype: str, max_model_len
     system = ("engine" if tp == 1 else f"engine TP={tp}") + ("" if async_scheduling else " sync-sched")
     if overrides:
         system += " " + ", ".join(f"{k}={v}" for k, v in overrides.items())
-    system += label
+    system += label + ("" if prompt_logprobs is None else f" prompt_logprobs={prompt_logprobs}")
     fp8 = settings.get("quantization") == "fp8" or checkpoint_is_fp8(model)
     row = Row(system, workload, kv_dtype, len(outputs), n_out, seconds,
               n_out / seconds, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
@@ -369,8 +378,8 @@ def target_notes(rows: list[Row], roof: float, roof_fp8: float | None = None) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF model folder (benchmarks/make_random_model.py)")
-    parser.add_argument("--workloads", default="a,b", help="comma-separated from a,b,c,d")
-    parser.add_argument("--num-requests", type=int, default=1000, help="requests in workload b")
+    parser.add_argument("--workloads", default="a,b", help="comma-separated from a,b,c,d,e")
+    parser.add_argument("--num-requests", type=int, default=1000, help="requests in workloads b and e")
     parser.add_argument("--hf-requests", type=int, default=None,
                         help="run HF on only the first N requests of b (it is slow); default: all")
     parser.add_argument("--hf-batch-size", type=int, default=64)
@@ -390,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                              "tokenizer that can spell JSON (make_random_model.py --tokenizer)")
     parser.add_argument("--quantization", choices=["fp8"], default=None,
                         help="also run every engine setting with FP8 weights (EngineConfig quantization)")
+    parser.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                        help="also run each workload and setting with every request's prompt scored (N most likely)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     record.add_argument(parser, "engine")
     argv = sys.argv[1:] if argv is None else argv
@@ -412,9 +423,11 @@ def main(argv: list[str] | None = None) -> int:
         requests = make_workload(workload, cfg["vocab_size"], args.num_requests)
         for overrides in settings:
             for async_scheduling in (True, False) if args.compare_sync else (True,):
-                rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len,
-                                       args.tensor_parallel_size, async_scheduling, overrides)[0])
-                print(rows[-1], flush=True)
+                for scored in (None, args.prompt_logprobs) if args.prompt_logprobs is not None else (None,):
+                    rows.append(run_engine(args.model, workload, requests, kv, args.max_model_len,
+                                           args.tensor_parallel_size, async_scheduling, overrides,
+                                           prompt_logprobs=scored)[0])
+                    print(rows[-1], flush=True)
         if args.guided and kv == "auto":
             guided_rows, note = run_guided(args, workload, requests)
             rows += guided_rows

@@ -31,6 +31,9 @@ class RequestDelta:
     first_scheduled_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = 0        # prompt tokens served from the prefix cache (last admission)
+    # SamplingParams.prompt_logprobs, on the request's first delta: per prompt token, None for the first.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[TopLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -41,9 +44,11 @@ class RequestDelta:
         takes several steps' deltas at once)."""
         logprobs = None if self.logprobs is None else (earlier.logprobs or []) + self.logprobs
         top = None if self.top_logprobs is None else (earlier.top_logprobs or []) + self.top_logprobs
+        first = earlier if earlier.prompt_logprobs is not None else self
         return RequestDelta(self.request_id, earlier.text + self.text, earlier.token_ids + self.token_ids, logprobs,
                             top, earlier.token_times + self.token_times, self.finish_reason, self.error,
-                            self.first_scheduled_time, self.finished_time, self.num_cached_tokens)
+                            self.first_scheduled_time, self.finished_time, self.num_cached_tokens,
+                            first.prompt_logprobs, first.prompt_top_logprobs)
 
 
 @dataclass
@@ -100,6 +105,9 @@ class RequestOutput:
     error: str | None = None  # set with finish_reason "error"
     top_logprobs: list[TopLogprobs] | None = None  # rank and most likely tokens of each output token, when requested
     delta_top_logprobs: list[TopLogprobs] | None = None  # those of the delta's tokens
+    # SamplingParams.prompt_logprobs: per prompt token (None for the first), from the first output on
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[TopLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:

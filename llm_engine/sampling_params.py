@@ -134,6 +134,7 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None
     logit_bias: dict[int, float] | None = None
@@ -232,6 +233,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
         if self.logprobs is not None and not 0 <= integer("logprobs") <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= integer("prompt_logprobs") <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

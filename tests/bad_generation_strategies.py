@@ -19,7 +19,7 @@ from llm_engine.sampling_params import SamplingParams
 KNOWN = sorted({f.name for f in dataclasses.fields(SamplingParams)} | {
     "n", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend"})
 NUMERIC = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-           "frequency_penalty", "seed", "max_tokens", "min_tokens", "logprobs"]
+           "frequency_penalty", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"]
 BOOLEAN = ["ignore_eos", "skip_special_tokens"]
 JSON_LIMIT = 64 << 10
 MAX_MODEL_LEN = 2048        # model_repository/llm/config.pbtxt
@@ -82,6 +82,9 @@ BAD_VALUES = {
     "logprobs": st.one_of(st.integers(-BIG, -1), st.integers(21, BIG), st.text("xyz", max_size=4),
                           st.floats(**FINITE).filter(lambda v: not v.is_integer()),
                           st.lists(st.booleans(), max_size=2)),
+    # the same, and no bool
+    "prompt_logprobs": st.one_of(st.integers(-BIG, -1), st.integers(21, BIG), st.text("xyz", max_size=4),
+                                 st.floats(**FINITE).filter(lambda v: not v.is_integer()), st.booleans()),
     "allowed_token_ids": st.one_of(_INT, st.just([]), st.text("xyz", max_size=4), st.lists(
         st.one_of(st.integers(-BIG, -1), st.integers(1 << 20, BIG),
                   st.floats(**FINITE).filter(lambda v: not v.is_integer())), min_size=1, max_size=3)),

@@ -50,6 +50,7 @@ class Collected:
     errors: list[str] = field(default_factory=list)
     finals: int = 0
     done: threading.Event = field(default_factory=threading.Event)
+    results: list = field(default_factory=list)   # each response's InferResult
 
     @property
     def text(self) -> str:
@@ -78,6 +79,7 @@ class StreamSession:
             return
         response = result.get_response()
         collected = self.requests[response.id]
+        collected.results.append(result)
         text = result.as_numpy("text_output")
         if text is not None and text.size:
             collected.texts.append(text.reshape(-1)[0].decode())

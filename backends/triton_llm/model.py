@@ -184,6 +184,8 @@ class TritonPythonModel:
             sampling = req.sampling
             if req.returns & {"return_cumulative_logprob", "return_logprobs"} and sampling.get("logprobs") is None:
                 sampling = {**sampling, "logprobs": 0}  # the tokens' own logprobs, for those outputs
+            if "return_prompt_logprobs" in req.returns and sampling.get("prompt_logprobs") is None:
+                sampling = {**sampling, "prompt_logprobs": 0}
             stream = engine.add_request(request_id, prompt, sampling)
         except self._unavailable_errors as exc:
             self._fail(sender, req, self._explain(exc), pb_utils.TritonError.UNAVAILABLE)

@@ -2,7 +2,10 @@
 the other outputs only when their return_* input asked (docs/additional_outputs.md in vllm_backend):
 `finish_reason` ("None" until the last), `cumulative_logprob`, `logprobs` (JSON per response: for
 each new token, {token id: {logprob, rank, decoded_token}} over the sampled token and the N most
-likely), `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming).
+likely), `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming); and
+`prompt_logprobs` (JSON in the first response, null after: null for the first prompt token, then for
+each the same entries over its N most likely tokens, the prompt token's own entry last; its pieces
+and the first token's add up to the decoded prompt).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ class ResponseBuilder:
         self._cumulative = 0.0
         self._sent_tokens = 0
         self._sent_logprobs = 0
+        self._sent_prompt_logprobs = False
         # The sampled tokens' text, piece by piece, so that the rank-1 pieces add up to the text.
         self._pieces: IncrementalDetokenizer | None = None
 
@@ -43,6 +47,8 @@ class ResponseBuilder:
                                            np.array([len(out.prompt_token_ids)], dtype=np.uint32)))
         if "return_num_output_tokens" in returns:
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(new_tokens)], dtype=np.uint32)))
+        if "return_prompt_logprobs" in returns:
+            tensors.append(pb_utils.Tensor("prompt_logprobs", np.array([self._prompt_logprobs(out)], dtype=np.object_)))
         self._sent_tokens = len(out.token_ids)
         self._sent_logprobs = len(out.logprobs or [])
         return pb_utils.InferenceResponse(output_tensors=tensors)
@@ -62,6 +68,25 @@ class ResponseBuilder:
             piece = self._pieces.emit(finished=last)
             entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.tokenizer.decode([t])}
                      for rank, (t, lp) in enumerate(top.top.items())}
+            entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece}
+            entries.append(entry)
+        return json.dumps(entries).encode()
+
+    def _prompt_logprobs(self, out) -> bytes:
+        if self._sent_prompt_logprobs or out.prompt_logprobs is None:
+            return b"null"
+        self._sent_prompt_logprobs = True
+        pieces = IncrementalDetokenizer(self.tokenizer, [], [], self.req.sampling.get("skip_special_tokens", True))
+        ids = out.prompt_token_ids
+        entries = []
+        for i, (token, logprob, top) in enumerate(zip(ids, out.prompt_logprobs, out.prompt_top_logprobs)):
+            pieces.add_token(token, check_stop=False, last=i == len(ids) - 1)
+            piece = pieces.emit(finished=i == len(ids) - 1)
+            if top is None:  # the first token: nothing before it to score it
+                entries.append(None)
+                continue
+            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.tokenizer.decode([t])}
+                     for rank, (t, lp) in enumerate(top.top.items()) if t != token}
             entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece}
             entries.append(entry)
         return json.dumps(entries).encode()

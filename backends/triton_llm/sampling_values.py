@@ -21,7 +21,6 @@ _UNSUPPORTED = {
     "use_beam_search": "beam search",
     "length_penalty": "beam search's length_penalty",
     "early_stopping": "beam search's early_stopping",
-    "prompt_logprobs": "prompt_logprobs",
     "include_stop_str_in_output": "include_stop_str_in_output",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
     "bad_words": "bad_words",

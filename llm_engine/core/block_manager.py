@@ -86,8 +86,10 @@ class BlockManager:
 
     def _match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding seq's leading full blocks. The last token is never a hit: the
-        runner must compute at least one token to produce the logits to sample from."""
-        if not self.enable_prefix_caching:
+        runner must compute at least one token to produce the logits to sample from. A sequence
+        that asks for prompt logprobs gets no hit: its prompt positions must run to be scored."""
+        params = seq.sampling_params
+        if not self.enable_prefix_caching or (params is not None and params.prompt_logprobs is not None):
             return []
         max_blocks = (len(seq) - 1) // self.block_size
         hashes = self._full_block_hashes(seq, max_blocks)

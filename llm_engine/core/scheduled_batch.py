@@ -1,7 +1,7 @@
 """What the scheduler hands the model runner for one engine step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llm_engine.core.sequence import Sequence
 
@@ -13,11 +13,14 @@ class ScheduledBatch:
     Block tables already cover those tokens. A sequence whose chunk reaches the end of its known
     tokens is sampled (`sample[i]`); a partial prefill chunk is not. The runner writes the chunk's
     KV into the cache and returns logits for the sampled sequences, in batch order.
+    `prompt_rows` (batch index, first position, count): the prompt positions whose logits score the
+    next prompt token (SamplingParams.prompt_logprobs), each run within its sequence's chunk.
     """
 
     seqs: list[Sequence]
     num_new_tokens: list[int]
     sample: list[bool]
+    prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

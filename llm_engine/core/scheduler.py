@@ -5,6 +5,8 @@ decode, then prefill chunks for running sequences still mid-prompt, then newly a
 (FCFS). A long prompt is thus split over steps and never stalls the decodes. When the KV pool runs
 out, the most recently admitted running sequence is preempted: its blocks are freed and it goes
 back to the front of the waiting queue to be recomputed (its prefix is often still cached).
+A sequence that asks for prompt logprobs gets each chunk's prompt positions scored (the batch's
+prompt_rows), from where its earlier chunks stopped.
 """
 from __future__ import annotations
 
@@ -27,12 +29,15 @@ class Scheduler:
         self.running: list[Sequence] = []   # admission order: the last one is preempted first
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache, over all admissions
+        self._scoring: set[Sequence] = set()  # sequences with prompt positions still to score
 
     # --- queue management ---------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         self.check(seq)
         seq.status = SequenceStatus.WAITING
+        if seq.sampling_params.prompt_logprobs is not None and seq.num_prompt_tokens > 1:
+            self._scoring.add(seq)
         self.waiting.append(seq)
 
     def check(self, seq: Sequence) -> None:
@@ -66,6 +71,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.free(seq)
+        self._scoring.discard(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -130,7 +136,20 @@ class Scheduler:
             budget -= chunk
 
         sample = [s.num_computed_tokens + n == len(s) for s, n in zip(seqs, num_new)]
-        return ScheduledBatch(seqs=seqs, num_new_tokens=num_new, sample=sample)
+        prompt_rows = self._prompt_rows(seqs, num_new) if self._scoring else []
+        return ScheduledBatch(seqs=seqs, num_new_tokens=num_new, sample=sample, prompt_rows=prompt_rows)
+
+    def _prompt_rows(self, seqs: list[Sequence], num_new: list[int]) -> list[tuple[int, int, int]]:
+        """The prompt positions each chunk scores: from the sequence's mark (or the chunk's start) up to the
+        prompt's last position, whose logits pick the first output token instead."""
+        rows = []
+        for i, (seq, n) in enumerate(zip(seqs, num_new)):
+            if seq in self._scoring:
+                first = max(seq.num_computed_tokens, seq.prompt_logprob_mark)
+                count = min(seq.num_computed_tokens + n, seq.num_prompt_tokens - 1) - first
+                if count > 0:
+                    rows.append((i, first, count))
+        return rows
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
@@ -154,6 +173,11 @@ class Scheduler:
     def advance(self, batch: ScheduledBatch) -> None:
         """Account the computed tokens; each sampled sequence gets the placeholder of its row
         (sequence.placeholder_token) and ends ("length") if that token reaches its length limit."""
+        for i, first, count in batch.prompt_rows:
+            seq = batch.seqs[i]
+            seq.prompt_logprob_mark = first + count
+            if seq.prompt_logprob_mark == seq.num_prompt_tokens - 1:
+                self._scoring.discard(seq)
         row = -1
         for seq, n, is_sampled in zip(batch.seqs, batch.num_new_tokens, batch.sample):
             row += is_sampled

@@ -45,6 +45,11 @@ class Sequence:
     finish_reason: str | None = None  # "stop", "length", "abort"
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[Any] = field(default_factory=list)  # outputs.TopLogprobs, with output_logprobs
+    # SamplingParams.prompt_logprobs: those of prompt tokens 1, 2, ... as far as scored, and the first
+    # position not yet scored (kept across preemption, so a recompute scores nothing twice).
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[Any] = field(default_factory=list)
+    prompt_logprob_mark: int = 0
     # Chained hashes of the full blocks of token_ids (prefix caching); tokens are only appended,
     # so they stay valid across preemption and are extended, never recomputed.
     block_hashes: list[int] = field(default_factory=list)

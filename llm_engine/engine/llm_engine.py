@@ -43,6 +43,7 @@ from llm_engine.engine.structured_output import (
 from llm_engine.outputs import EngineStats, RequestDelta, RequestOutput, RequestStats
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.worker.model_runner import ModelRunner
+from llm_engine.worker.prompt_logprobs import PromptLogprobs
 from llm_engine.worker.sampler import Sampler, SamplerOutput
 from llm_engine.worker.tp_runner import create_model_runner
 
@@ -73,6 +74,7 @@ class LaunchedStep:
 
     batch: ScheduledBatch
     result: SamplerOutput | None  # None: no sequence was sampled
+    prompt: PromptLogprobs | None = None  # the batch's scored prompt positions
 
 
 class LLMEngine:
@@ -207,6 +209,7 @@ class LLMEngine:
             self._account_scheduled(batch)
             try:
                 logits = self.model_runner.execute(batch, sampled_ids)
+                prompt = self.model_runner.prompt_logprobs if batch.prompt_rows else None
                 masks = None
                 if overlap and self._guided(batch):
                     # The masks follow the tokens of the step in flight: wait for them while the
@@ -217,7 +220,7 @@ class LLMEngine:
                     self._num_async_steps += sampled_ids is not None
                     masks = self._grammars.fill_masks(self._grammars_of(batch))
                     early, done = self._emit(done), []
-                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids, masks))
+                self._in_flight = LaunchedStep(batch, self._sample(batch, logits, sampled_ids, masks), prompt)
             except Exception as exc:  # the batch is lost; its requests fail, the engine serves on
                 logger.exception("model step failed for requests %s", [s.request_id for s in batch.seqs])
                 failure = exc
@@ -290,6 +293,8 @@ class LLMEngine:
         or not); the requests that got one, with the time it arrived."""
         result = step.result
         ids, logprobs, top = (result.token_ids, result.logprobs, result.top_logprobs) if result else ([], None, None)
+        if step.prompt is not None:
+            step.prompt.add_to(step.batch)
         if advanced:
             got = self.scheduler.resolve(step.batch, ids, logprobs, top)
         else:
@@ -372,9 +377,14 @@ class LLMEngine:
         wants = seq.sampling_params.logprobs is not None
         logprobs = seq.output_logprobs[sent:] if wants else None
         top = seq.output_top_logprobs[sent:] if wants else None
+        prompt = prompt_top = None
+        # On the first delta, once every position is scored (the first output token's step scores the last).
+        if sent == 0 and seq.sampling_params.prompt_logprobs is not None and (
+                len(seq.prompt_logprobs) == seq.num_prompt_tokens - 1):
+            prompt, prompt_top = [None, *seq.prompt_logprobs], [None, *seq.prompt_top_logprobs]
         return RequestDelta(req.request_id, text, out_ids[sent:], logprobs, top, stats.token_times[sent:],
                             seq.finish_reason if finished else None, error, stats.first_scheduled_time,
-                            stats.finished_time, seq.num_cached_tokens)
+                            stats.finished_time, seq.num_cached_tokens, prompt, prompt_top)
 
     def _assemble(self, deltas: list[RequestDelta]) -> list[RequestOutput]:
         outputs = []

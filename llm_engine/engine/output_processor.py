@@ -16,6 +16,8 @@ class OutputAssembler:
         self.token_ids: list[int] = []
         self.logprobs: list[float] | None = None
         self.top_logprobs: list = []
+        self.prompt_logprobs: list | None = None
+        self.prompt_top_logprobs: list | None = None
         self.stats = RequestStats(arrival_time=request.arrival_time, num_prompt_tokens=len(request.prompt_token_ids))
 
     def apply(self, delta: RequestDelta) -> RequestOutput:
@@ -25,6 +27,8 @@ class OutputAssembler:
             self.logprobs = (self.logprobs or []) + delta.logprobs
         if delta.top_logprobs is not None:
             self.top_logprobs += delta.top_logprobs
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs, self.prompt_top_logprobs = delta.prompt_logprobs, delta.prompt_top_logprobs
         stats = self.stats
         stats.token_times += delta.token_times
         if stats.first_token_time is None and stats.token_times:
@@ -38,4 +42,5 @@ class OutputAssembler:
             finish_reason=delta.finish_reason, logprobs=None if self.logprobs is None else list(self.logprobs),
             stats=stats, error=delta.error,
             top_logprobs=None if delta.top_logprobs is None else list(self.top_logprobs),
-            delta_top_logprobs=delta.top_logprobs)
+            delta_top_logprobs=delta.top_logprobs, prompt_logprobs=self.prompt_logprobs,
+            prompt_top_logprobs=self.prompt_top_logprobs)

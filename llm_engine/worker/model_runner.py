@@ -32,7 +32,15 @@ from llm_engine.worker.cuda_graphs import DecodeGraphs
 from llm_engine.worker.distributed import SINGLE, TensorParallelGroup
 from llm_engine.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
 from llm_engine.worker.piecewise_graphs import PiecewiseGraphs, bucket_sizes
-from llm_engine.worker.step_inputs import StepLayout, leading_decodes, num_placeholders, pack_step, step_views
+from llm_engine.worker.prompt_logprobs import PromptLogprobs, score_prompt_rows
+from llm_engine.worker.step_inputs import (
+    StepLayout,
+    leading_decodes,
+    num_placeholders,
+    pack_step,
+    prompt_top,
+    step_views,
+)
 
 # Decode graphs cover contexts up to this many tokens (vLLM's max_seq_len_to_capture): their block
 # tables are that wide, and every replay copies and scans the full width. Longer contexts run
@@ -62,6 +70,7 @@ class ModelRunner:
         self.kv_cache.bind(self.model.attention_layers)
         self.decode_graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None
+        self.prompt_logprobs: PromptLogprobs | None = None  # the last step's scored prompt positions
         if config.use_cuda_graphs:
             self.capture_cudagraphs()
 
@@ -79,7 +88,7 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Write the batch's KV and return float32 logits [num_sampled, vocab], in batch order.
         `sampled_ids`: the previous step's sampled ids (on the device), which the batch's
-        placeholder tokens stand for."""
+        placeholder tokens stand for. The batch's prompt_rows are scored into prompt_logprobs."""
         if not batch.seqs:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         host, layout = self.prepare_step(batch, graphs=True)
@@ -93,8 +102,8 @@ class ModelRunner:
 
     def prepare_step(self, batch: ScheduledBatch, graphs: bool) -> tuple[np.ndarray, StepLayout]:
         """The step's packed inputs and their layout; with `graphs`, a decode batch that fits one
-        replays a CUDA graph."""
-        rows = self.decode_graphs.rows_for(batch) if graphs and self.decode_graphs else 0
+        replays a CUDA graph (unless it scores prompt positions: one-token prefill chunks)."""
+        rows = self.decode_graphs.rows_for(batch) if graphs and self.decode_graphs and not batch.prompt_rows else 0
         if rows:
             host, sizes = pack_step(batch, self.block_size, self.config.max_model_len, num_rows=rows,
                                     width=self.decode_graphs.max_blocks, prefill=False)
@@ -105,7 +114,7 @@ class ModelRunner:
                                 width=None, prefill=prefill, padded_tokens=bucket)
         return host, StepLayout(sizes, host.size, num_decodes=leading_decodes(batch.num_new_tokens) if prefill else 0,
                                 num_placeholders=num_placeholders(sizes), piecewise_tokens=bucket or 0,
-                                num_tokens=batch.num_tokens)
+                                num_tokens=batch.num_tokens, prompt_top=prompt_top(batch))
 
     def upload_step(self, host: np.ndarray, layout: StepLayout,
                     sampled_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -130,7 +139,7 @@ class ModelRunner:
 
     def run_step(self, flat: torch.Tensor, layout: StepLayout) -> torch.Tensor | None:
         """The forward pass over uploaded step inputs: execute()'s logits (None on tensor-parallel
-        ranks other than 0)."""
+        ranks other than 0), and prompt_logprobs."""
         inputs = step_views(flat, layout.sizes)
         if layout.graph_rows:
             hidden = self.decode_graphs.replay(layout.graph_rows)
@@ -142,7 +151,10 @@ class ModelRunner:
                                             layout.num_tokens)
             else:
                 hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
-        return self.model.compute_logits(hidden[inputs["logits_indices"]])
+        logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
+        self.prompt_logprobs = None if "prompt_rows" not in inputs else score_prompt_rows(
+            self.model, hidden, inputs["prompt_rows"], inputs["prompt_targets"], layout.prompt_top)
+        return logits
 
     def close(self) -> None:
         """Nothing to release on one rank; the tensor-parallel runner stops its workers here."""

@@ -102,7 +102,7 @@ class Sampler:
         num_logprobs = [p.logprobs for p in params]
         if all(n is None for n in num_logprobs):
             return SamplerOutput(chosen.to(torch.int32), num_logprobs)
-        return SamplerOutput(chosen.to(torch.int32), num_logprobs, _logprobs(logits, chosen, num_logprobs))
+        return SamplerOutput(chosen.to(torch.int32), num_logprobs, token_logprobs(logits, chosen, num_logprobs))
 
     def _mask_early_stop(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Below min_tokens, eos (unless ignored) and stop_token_ids cannot be sampled, except in a
@@ -202,7 +202,8 @@ def _add_logit_bias(logits: torch.Tensor, params: list) -> None:
                           to_device(biases, torch.float32, device), accumulate=True)
 
 
-def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, num_logprobs: list[int | None]) -> tuple[torch.Tensor, ...]:
+def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor,
+                   num_logprobs: list[int | None]) -> tuple[torch.Tensor, ...]:
     """The sampled tokens' logprobs and ranks (1: the most likely), and the top ids and logprobs of
     the largest N asked for, for every row (the rows that asked for fewer keep their first N)."""
     lp = logits.log_softmax(dim=-1)

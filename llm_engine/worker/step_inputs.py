@@ -1,7 +1,8 @@
 """A step's integer inputs packed into one int32 array, so a step costs a single host-to-device copy.
 
 The segments (token ids, positions, cache slots, context lengths, the prefill chunks' query offsets,
-block tables, the rows to sample, and the placeholders of async scheduling) are built with numpy from
+block tables, the rows to sample, the placeholders of async scheduling, and the prompt positions to
+score with the tokens they score) are built with numpy from
 flat per-sequence lists. Each starts on a 16-byte boundary: Triton specialises kernels on pointer
 alignment, so unaligned views would compile new kernel variants whenever the batch size changed.
 
@@ -39,6 +40,7 @@ class StepLayout:
     num_placeholders: int = 0                       # input ids filled from the previous step's sampled ids
     piecewise_tokens: int = 0                       # the piecewise graphs' bucket (tokens padded to it); 0: none
     num_tokens: int = 0                             # the step's real tokens (of a piecewise step)
+    prompt_top: int = 0                             # most likely tokens reported at each scored prompt position
 
 
 def pack_step(batch: ScheduledBatch, block_size: int, max_model_len: int, num_rows: int, width: int | None,
@@ -100,6 +102,8 @@ def pack_step(batch: ScheduledBatch, block_size: int, max_model_len: int, num_ro
     segments += [("block_tables", block_tables.ravel()), ("logits_indices", logits_indices)]
     if placeholders.size:
         segments += [("placeholder_dst", placeholders), ("placeholder_src", placeholder_row(input_ids[placeholders]))]
+    if batch.prompt_rows:
+        segments += _prompt_segments(batch, cu_seqlens, start)
     sizes = [(name, (num_rows, width) if name == "block_tables" else a.size) for name, a in segments]
     # (np.pad and concatenate would cost more than the rest of the step preparation together.)
     starts = np.cumsum([0] + [-(-a.size // SEGMENT_ALIGN) * SEGMENT_ALIGN for _, a in segments])
@@ -107,6 +111,21 @@ def pack_step(batch: ScheduledBatch, block_size: int, max_model_len: int, num_ro
     for (_, a), start in zip(segments, starts.tolist()):
         packed[start:start + a.size] = a
     return packed, sizes
+
+
+def _prompt_segments(batch: ScheduledBatch, cu_seqlens: np.ndarray,
+                     start: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The token rows of the prompt positions to score, and the prompt tokens they score (the next ones)."""
+    scored = batch.prompt_rows
+    rows = np.concatenate([np.arange(count) + (cu_seqlens[i] + first - start[i]) for i, first, count in scored])
+    targets = np.fromiter(chain.from_iterable(batch.seqs[i].token_ids[first + 1:first + 1 + count]
+                                              for i, first, count in scored), dtype=np.int64, count=rows.size)
+    return [("prompt_rows", rows), ("prompt_targets", targets)]
+
+
+def prompt_top(batch: ScheduledBatch) -> int:
+    """The most likely tokens to report at the step's scored prompt positions (the largest ask)."""
+    return max((batch.seqs[i].sampling_params.prompt_logprobs for i, _, _ in batch.prompt_rows), default=0)
 
 
 def step_views(flat: torch.Tensor, sizes: Sizes) -> dict[str, torch.Tensor]:

@@ -48,6 +48,11 @@ class TensorParallelRunner:
         self.num_kv_blocks = self.runner.num_kv_blocks
 
     @property
+    def prompt_logprobs(self):
+        """The last step's scored prompt positions (rank 0's, ModelRunner.prompt_logprobs)."""
+        return self.runner.prompt_logprobs
+
+    @property
     def worker_pids(self) -> list[int]:
         return [proc.pid for proc in self.workers.procs]
 

@@ -106,8 +106,27 @@ class CountingRunner:
                 if last < 0:
                     last = int(sampled_ids[placeholder_row(last)])
                 rows.append(EOS if last == ord("z") else (last + 1) % 256)
-        logits = torch.zeros(len(rows), ByteTokenizer.vocab_size)
-        logits[torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long)] = 20.0
+        self.prompt_logprobs = self._score_prompt(batch) if batch.prompt_rows else None
+        return self._counting_logits(rows)
+
+    def _score_prompt(self, batch):
+        from llm_engine.worker.prompt_logprobs import PromptLogprobs
+        from llm_engine.worker.sampler import token_logprobs
+
+        nexts, targets, top = [], [], 0
+        for i, first, count in batch.prompt_rows:
+            seq, n = batch.seqs[i], batch.num_new_tokens[i]
+            assert seq.num_computed_tokens <= first and first + count <= seq.num_computed_tokens + n
+            assert first + count < seq.num_prompt_tokens, "a scored position past the prompt's last but one"
+            nexts += [(t + 1) % 256 for t in seq.token_ids[first:first + count]]
+            targets += seq.token_ids[first + 1:first + count + 1]
+            top = max(top, seq.sampling_params.prompt_logprobs)
+        return PromptLogprobs(token_logprobs(self._counting_logits(nexts), torch.tensor(targets), [top]))
+
+    @staticmethod
+    def _counting_logits(nexts):
+        logits = torch.zeros(len(nexts), ByteTokenizer.vocab_size)
+        logits[torch.arange(len(nexts)), torch.tensor(nexts, dtype=torch.long)] = 20.0
         return logits
 
     def warmup(self):

@@ -21,11 +21,12 @@ def report(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_fp8_decode_compiles_under_the_h200_register_cap():
-    result = report("--kernel", "decode", "--kv-dtype", "fp8")
+def test_fp8_decode_compiles_under_a_register_cap():
+    result = report("--kernel", "decode", "--kv-dtype", "fp8",
+                    "--launch", '{"num_warps": 4, "BLOCK_N": 128, "maxnreg": 128}')
     assert result.returncode == 0, result.stderr
     assert '"maxnreg": 128' in result.stdout and '"IS_FP8": true' in result.stdout
-    # Without the cap reaching ptxas, this kernel takes 168 registers (Triton 3.6) or more.
+    # Without the cap reaching ptxas, this tile takes 168 registers (Triton 3.6) or more.
     assert int(re.search(r"registers (\d+)", result.stdout)[1]) <= 128
     assert re.search(r"loop 1: \d+ instructions; .*HMMA", result.stdout)
 

@@ -82,6 +82,26 @@ def test_token_counts_when_asked(server):
     assert result.as_numpy("num_input_tokens")[0] > 0
 
 
+def test_prompt_logprobs_come_in_the_first_response_with_each_prompt_tokens_entry_last(server):
+    prompt = "Paged attention stores keys and values"
+    ids = tiny_llm_ids(prompt)
+    c = generate(server.grpc_url, prompt, sampling={**GREEDY, "max_tokens": 6, "prompt_logprobs": 2},
+                 extra={"return_prompt_logprobs": (True, "BOOL")})
+    assert not c.errors
+    raws = [json.loads(r.as_numpy("prompt_logprobs")[0]) for r in c.results
+            if r.as_numpy("prompt_logprobs") is not None]
+    first, later = raws[0], raws[1:]
+    assert later and all(r is None for r in later)   # streamed: in the first response only
+    assert first[0] is None and len(first) == len(ids)
+    pieces = ""
+    for token, entry in zip(ids[1:], first[1:]):
+        own_id, own = list(entry.items())[-1]
+        assert own_id == str(token) and own["logprob"] <= 0 and own["rank"] >= 1
+        assert {1, 2} <= {e["rank"] for e in entry.values()} and len(entry) <= 3
+        pieces += own["decoded_token"]
+    assert pieces and prompt.endswith(pieces)   # what is left is the first token's text
+
+
 def test_a_prompt_of_token_ids_answers_as_the_text_it_encodes(server):
     ids = tiny_llm_ids("Hello there")
     as_text = generate(server.grpc_url, "Hello there")

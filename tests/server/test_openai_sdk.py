@@ -166,6 +166,30 @@ def test_completions_prompts_echo_and_logprobs(client, triton):
     assert "".join(p.choices[0].text for p in pieces) == echoed.choices[0].text
 
 
+def test_completions_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(client):
+    """lm-eval's loglikelihood request: echo, logprobs and one token; the prompt's tokens come first, the first
+    without a logprob, as OpenAI and vLLM answer it."""
+    prompt, asked = "Paged attention stores keys and values", dict(model="llm", temperature=0, logprobs=2)
+    answer = client.completions.create(prompt=prompt, max_tokens=1, echo=True, **asked)
+    choice, n = answer.choices[0], len(tiny_llm_ids(prompt))
+    logprobs = choice.logprobs
+    assert answer.usage.prompt_tokens == n and len(logprobs.tokens) == n + 1 and choice.text.startswith(prompt)
+    assert "".join(logprobs.tokens) == choice.text and "".join(logprobs.tokens[:n]) == prompt
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(n + 1)]
+    for token, logprob, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:]):
+        assert logprob <= 0 and 2 <= len(top) <= 3 and top[token] == pytest.approx(logprob, abs=1e-6)
+    plain = client.completions.create(prompt=prompt, max_tokens=1, **asked).choices[0].logprobs
+    assert plain.tokens == logprobs.tokens[n:] and plain.token_logprobs == logprobs.token_logprobs[n:]
+    chunks = list(client.completions.create(prompt=prompt, max_tokens=4, echo=True, stream=True, **asked))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert streamed[0].tokens[:n] == logprobs.tokens[:n] and streamed[0].token_logprobs[0] is None
+    assert streamed[0].token_logprobs[1:n] == pytest.approx(logprobs.token_logprobs[1:n], abs=1e-6)
+    tokens = [t for lp in streamed for t in lp.tokens]
+    assert "".join(tokens) == "".join(c.choices[0].text for c in chunks if c.choices)
+    assert [o for lp in streamed for o in lp.text_offset] == [sum(map(len, tokens[:i])) for i in range(len(tokens))]
+
+
 def test_rag_answers_with_its_sources(client, triton):
     rag = {"model": "rag", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "temperature": 0,
            "extra_body": {"ignore_eos": True}}

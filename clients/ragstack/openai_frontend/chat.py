@@ -60,7 +60,7 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     else:
         top = sampling.get("logprobs") if body.logprobs else None
         requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
-                                                                          tools.llm_tools(tool_plan)),
+                                                                          tools=tools.llm_tools(tool_plan)),
                                        params, top_logprobs=top) for s in generation.seeded(sampling, body.n)]
     usage = Usage(True, prompts=1, n=body.n)
     answer = Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name, usage,

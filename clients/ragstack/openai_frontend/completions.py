@@ -1,6 +1,7 @@
 """`POST /v1/completions`: an llm model on a prompt used as it is (no chat template), text or token
 ids; a list of prompts gives n choices each, prompt by prompt. `echo` puts a text prompt before the
-answer. `response_format` and vLLM's guided_* keys constrain the output (structured.py)."""
+answer, and with `logprobs` its tokens' logprobs before the answer's (the first token has none, as in
+OpenAI's and vLLM's answers). `response_format` and vLLM's guided_* keys constrain the output (structured.py)."""
 from __future__ import annotations
 
 import time
@@ -13,7 +14,7 @@ from ragstack.openai_frontend import generation, metrics, models, streaming, str
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.generation import Piece
-from ragstack.openai_frontend.logprobs import completion_logprobs
+from ragstack.openai_frontend.logprobs import TokenLogprob, completion_logprobs, with_first_token
 from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.schemas import SAMPLING_KEYS, CompletionRequest
 from ragstack.openai_frontend.usage import Usage
@@ -30,8 +31,11 @@ async def completions(request: Request, frontend: Frontend) -> Response:
               "prompt_token_ids": "prompt", "logprobs": "logprobs",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
-    requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs), params,
-                                   top_logprobs=body.logprobs)
+    scored = logprobs and body.echo
+    if scored:
+        params["prompt_logprobs"] = "logprobs"
+    requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs, scored),
+                                   params, top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
                     [p for p in prompts for _ in range(body.n)] if body.echo else None,
@@ -57,21 +61,27 @@ class Answer:
         for index, choice in enumerate(choices):
             self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
             echo = self.echoed[index] if self.echoed else ""
-            out.append({"index": index, "text": echo + choice.text,
-                        "logprobs": completion_logprobs(choice.logprobs, len(echo)) if choice.logprobs is not None
-                        else None, "finish_reason": choice.finish_reason})
+            logprobs = None
+            if choice.prompt_logprobs is not None:
+                logprobs = completion_logprobs(with_first_token(echo, choice.prompt_logprobs) + choice.logprobs, 0)
+            elif choice.logprobs is not None:
+                logprobs = completion_logprobs(choice.logprobs, len(echo))
+            out.append({"index": index, "text": echo + choice.text, "logprobs": logprobs,
+                        "finish_reason": choice.finish_reason})
         return {**self.head, "choices": out, "usage": self.usage.as_dict()}
 
     def piece(self, index: int, piece: Piece) -> dict | None:
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
-        text = piece.text
+        text, tokens = piece.text, piece.logprobs or []
         if index not in self._length and self.echoed:
             text = self.echoed[index] + text
+            if piece.prompt_logprobs is not None:
+                tokens = with_first_token(self.echoed[index], piece.prompt_logprobs) + tokens
         start = self._length.get(index, 0)
         self._length[index] = start + len(text)
-        if not text and piece.finish_reason is None and not piece.logprobs:
+        if not text and piece.finish_reason is None and not tokens:
             return None
-        logprobs = completion_logprobs(piece.logprobs, start + len(text) - len(piece.text)) if piece.logprobs else None
+        logprobs = completion_logprobs(tokens, start + len(text) - _length(tokens)) if tokens else None
         return self._chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": piece.finish_reason}])
 
     def end(self) -> list[dict]:
@@ -82,3 +92,7 @@ class Answer:
         if self.usage_chunk:
             chunk["usage"] = usage
         return chunk
+
+
+def _length(tokens: list[TokenLogprob]) -> int:
+    return sum(len(t.token) for t in tokens)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
-from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
+from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob, prompt_scores
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
@@ -32,6 +32,7 @@ class Piece:
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None   # of the prompt's tokens after the first (the first piece's)
     sources: list[dict] | None = None
 
     def add(self, piece: Piece) -> None:
@@ -42,6 +43,7 @@ class Piece:
         if piece.logprobs is not None:
             self.logprobs = (self.logprobs or []) + piece.logprobs
         self.sources = piece.sources if piece.sources is not None else self.sources
+        self.prompt_logprobs = self.prompt_logprobs if self.prompt_logprobs is not None else piece.prompt_logprobs
 
 
 def _text(outputs: dict, name: str) -> str:
@@ -60,11 +62,13 @@ def _piece(outputs: dict, matcher: Matcher | None) -> Piece:
     text = _text(outputs, "text_output")
     reason = _text(outputs, "finish_reason")
     sources = _text(outputs, "sources")
-    raw = outputs.get("logprobs")
+    raw, raw_prompt = outputs.get("logprobs"), outputs.get("prompt_logprobs")
     return Piece(text=text, finish_reason=reason if reason not in ("", "None") else None,
                  prompt_tokens=_count(outputs, "num_input_tokens"),
                  completion_tokens=_count(outputs, "num_output_tokens") or 0,
                  logprobs=matcher.add(raw.reshape(-1)[0], text) if matcher is not None and raw is not None else None,
+                 prompt_logprobs=prompt_scores(raw_prompt.reshape(-1)[0], matcher.top_n)
+                 if matcher is not None and raw_prompt is not None else None,
                  sources=json.loads(sources) if sources else None)
 
 
@@ -79,9 +83,9 @@ class Request:
 
 
 def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict, stream: bool, logprobs: bool,
-               tools: np.ndarray | None = None) -> dict:
+               prompt_logprobs: bool = False, tools: np.ndarray | None = None) -> dict:
     """A text prompt, a prompt of token ids, or chat messages; `tools`: the llm's `tools` input (JSON of
-    OpenAI tools) for its chat template, with messages."""
+    OpenAI tools) for its chat template, with messages; `prompt_logprobs`: the prompt's scores too."""
     if isinstance(prompt_or_messages, str):
         inputs = {"text_input": t.text(prompt_or_messages)}
     elif isinstance(prompt_or_messages[0], int):
@@ -95,6 +99,8 @@ def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict,
                   return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True))
     if logprobs:
         inputs["return_logprobs"] = t.flag(True)
+    if prompt_logprobs:
+        inputs["return_prompt_logprobs"] = t.flag(True)
     return inputs
 
 

@@ -8,6 +8,10 @@ sampled tokens' `decoded_token`s add up to the text, so that is what tells them 
 As OpenAI: each token's `logprob` is the sampled token's own. Chat's `top_logprobs` are the N most likely,
 which hold the sampled token only where it is one of them; completions' `top_logprobs` are the N most
 likely plus the sampled token ("up to logprobs+1 elements": the API always returns the sampled token's).
+
+With `echo`, the prompt's tokens come first: the llm's `prompt_logprobs` output holds null for the first
+token (nothing before it to score it), then per token the same entries, its own last, every entry with
+its rank; their `decoded_token`s add up to the prompt after its first token, whose text is what is left.
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ class Alternative:
 @dataclass(frozen=True)
 class TokenLogprob:
     token: str
-    logprob: float
-    top: list[Alternative]     # the N most likely, most likely first
+    logprob: float | None      # None: the prompt's first token
+    top: list[Alternative] | None   # the N most likely, most likely first
 
 
 class Matcher:
@@ -114,8 +118,31 @@ def completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
             "top_logprobs": [_with_sampled(t) for t in tokens], "text_offset": offsets}
 
 
-def _with_sampled(t: TokenLogprob) -> dict[str, float]:
+def prompt_scores(raw: bytes | str, top_n: int) -> list[TokenLogprob] | None:
+    """The llm's `prompt_logprobs` output: the prompt's tokens after the first (None: not in this response)."""
+    entries = json.loads(raw)
+    if entries is None:
+        return None
+    tokens = []
+    for entry in entries[1:]:
+        values = list(entry.values())
+        top = sorted((v for v in values if v["rank"] <= top_n), key=lambda v: v["rank"])
+        tokens.append(TokenLogprob(values[-1]["decoded_token"], values[-1]["logprob"],
+                                   [Alternative(v["decoded_token"], v["logprob"]) for v in top]))
+    return tokens
+
+
+def with_first_token(prompt: str, tokens: list[TokenLogprob]) -> list[TokenLogprob]:
+    """The prompt's tokens, the first included: its text is what the others leave of the prompt."""
+    rest = "".join(t.token for t in tokens)
+    first = prompt[:len(prompt) - len(rest)] if prompt.endswith(rest) else ""
+    return [TokenLogprob(first, None, None), *tokens]
+
+
+def _with_sampled(t: TokenLogprob) -> dict[str, float] | None:
     """The N most likely, most likely first, then the sampled token where it is not among them."""
+    if t.top is None:
+        return None
     top = {a.token: a.logprob for a in t.top}
     top.setdefault(t.token, t.logprob)
     return top

@@ -166,6 +166,8 @@ class CompletionRequest(Generation):
         values = super().sampling()
         if self.logprobs is not None:
             values["logprobs"] = self.logprobs
+            if self.echo:  # the echoed prompt's tokens get theirs too (vLLM's rule)
+                values.setdefault("prompt_logprobs", self.logprobs)
         return values
 
     def prompts(self, limits: FrontendLimits) -> list[str | list[int]]:
@@ -190,9 +192,6 @@ class CompletionRequest(Generation):
         for name in TOOL_KEYS:
             if (self.model_extra or {}).get(name) is not None:
                 raise APIError(400, f"'{name}' is for chat completions (/v1/chat/completions)", name)
-        if self.echo and self.logprobs is not None:
-            raise APIError(400, "echo with logprobs needs the prompt's logprobs, which this engine does not "
-                                "compute", "echo")
         return prompts
 
 
