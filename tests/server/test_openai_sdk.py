@@ -190,6 +190,26 @@ def test_completions_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(client
     assert [o for lp in streamed for o in lp.text_offset] == [sum(map(len, tokens[:i])) for i in range(len(tokens))]
 
 
+def test_vllms_prompt_logprobs_field(client):
+    """vLLM's extension: `prompt_logprobs` N gives each completion choice (chat: the answer) the prompt's scores
+    as vLLM returns them, None first; refused when streaming, as vLLM does."""
+    prompt, n = "Paged attention stores keys", len(tiny_llm_ids("Paged attention stores keys"))
+    choice = client.completions.create(model="llm", prompt=prompt, max_tokens=2, temperature=0,
+                                       extra_body={"prompt_logprobs": 1}).choices[0]
+    scores = choice.prompt_logprobs
+    assert len(scores) == n and scores[0] is None
+    for entry in scores[1:]:
+        assert 1 <= len(entry) <= 2 and any(e["rank"] == 1 for e in entry.values())
+        assert all(set(e) == {"logprob", "rank", "decoded_token"} and e["logprob"] <= 0 for e in entry.values())
+    chat = client.chat.completions.create(model="llm", messages=HELLO, max_tokens=2, extra_body={"prompt_logprobs": 0})
+    assert chat.prompt_logprobs[0] is None and all(len(entry) == 1 for entry in chat.prompt_logprobs[1:])
+    for body, param in (({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+                        ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"prompt_logprobs": "1"}, "prompt_logprobs")):
+        with pytest.raises(BadRequestError) as refused:
+            client.completions.create(model="llm", prompt=prompt, max_tokens=2, extra_body=body)
+        assert refused.value.body["param"] == param, refused.value.body
+
+
 def test_rag_answers_with_its_sources(client, triton):
     rag = {"model": "rag", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "temperature": 0,
            "extra_body": {"ignore_eos": True}}

@@ -44,10 +44,12 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
               "prompt": "messages", "query": "messages", "logprobs": "top_logprobs", "tools": "tools",
               "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
+    prompt_logprobs = body.returns_prompt_logprobs()
     if served.kind == "rag":
-        if body.logprobs:
-            raise APIError(400, f"logprobs are not available from model '{served.name}' (rag returns text and "
-                                "sources)", "logprobs")
+        for name, value in (("logprobs", body.logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value:
+                raise APIError(400, f"{name} are not available from model '{served.name}' (rag returns text and "
+                                    "sources)", name)
         for name, value in (("tools", body.tools), ("response_format", body.response_format)):
             if value is not None:
                 raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text "
@@ -60,11 +62,11 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     else:
         top = sampling.get("logprobs") if body.logprobs else None
         requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
-                                                                          tools=tools.llm_tools(tool_plan)),
+                                                                          prompt_logprobs, tools.llm_tools(tool_plan)),
                                        params, top_logprobs=top) for s in generation.seeded(sampling, body.n)]
     usage = Usage(True, prompts=1, n=body.n)
     answer = Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name, usage,
-                    body.stream_options is not None and body.stream_options.include_usage, tool_plan)
+                    body.stream_options is not None and body.stream_options.include_usage, tool_plan, prompt_logprobs)
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
@@ -76,10 +78,12 @@ class Answer:
     tool-call reader (`tool_plan.reader()`): content and tool calls."""
 
     def __init__(self, completion_id: str, created: int, model: str, usage: Usage, usage_chunk: bool,
-                 tool_plan: ToolPlan | None = None):
+                 tool_plan: ToolPlan | None = None, prompt_logprobs: bool = False):
+        """`prompt_logprobs`: the answer carries vLLM's `prompt_logprobs` field (the choices share the prompt)."""
         self.head = {"id": completion_id, "created": created, "model": model}
         self.usage, self.usage_chunk = usage, usage_chunk
         self.tool_plan = tool_plan
+        self.prompt_logprobs = prompt_logprobs
         self._started: set[int] = set()
         self._readers: dict[int, Reader] = {}
 
@@ -100,7 +104,10 @@ class Answer:
             out.append({"index": index, "message": message,
                         "logprobs": {"content": chat_content(choice.logprobs)} if choice.logprobs is not None else None,
                         "finish_reason": reason})
-        return {**self.head, "object": "chat.completion", "choices": out, "usage": self.usage.as_dict()}
+        answer = {**self.head, "object": "chat.completion", "choices": out, "usage": self.usage.as_dict()}
+        if self.prompt_logprobs:
+            answer["prompt_logprobs"] = choices[0].prompt_logprobs
+        return answer
 
     def piece(self, index: int, piece: Piece) -> dict | None:
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)

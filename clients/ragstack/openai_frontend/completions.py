@@ -14,7 +14,7 @@ from ragstack.openai_frontend import generation, metrics, models, streaming, str
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.generation import Piece
-from ragstack.openai_frontend.logprobs import TokenLogprob, completion_logprobs, with_first_token
+from ragstack.openai_frontend.logprobs import TokenLogprob, completion_logprobs, prompt_scores, with_first_token
 from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.schemas import SAMPLING_KEYS, CompletionRequest
 from ragstack.openai_frontend.usage import Usage
@@ -31,8 +31,9 @@ async def completions(request: Request, frontend: Frontend) -> Response:
               "prompt_token_ids": "prompt", "logprobs": "logprobs",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
-    scored = logprobs and body.echo
-    if scored:
+    vllm_prompt_logprobs = body.returns_prompt_logprobs()
+    scored = (logprobs and body.echo) or vllm_prompt_logprobs
+    if logprobs and body.echo and not vllm_prompt_logprobs:
         params["prompt_logprobs"] = "logprobs"
     requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs, scored),
                                    params, top_logprobs=body.logprobs)
@@ -40,7 +41,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
                     [p for p in prompts for _ in range(body.n)] if body.echo else None,
                     Usage(True, prompts=len(prompts), n=body.n),
-                    body.stream_options is not None and body.stream_options.include_usage)
+                    body.stream_options is not None and body.stream_options.include_usage, body.logprobs,
+                    vllm_prompt_logprobs)
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
@@ -51,9 +53,11 @@ class Answer:
     """The answer's JSON: whole, or chunk by chunk."""
 
     def __init__(self, completion_id: str, created: int, model: str, echoed: list[str] | None, usage: Usage,
-                 usage_chunk: bool):
+                 usage_chunk: bool, top_logprobs: int | None = None, prompt_logprobs: bool = False):
+        """`top_logprobs`: the request's `logprobs`; `prompt_logprobs`: each choice carries vLLM's field."""
         self.head = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
         self.echoed, self.usage, self.usage_chunk = echoed, usage, usage_chunk
+        self.top_logprobs, self.prompt_logprobs = top_logprobs, prompt_logprobs
         self._length: dict[int, int] = {}   # characters sent so far, per choice: where its next token starts
 
     def whole(self, choices: list[Piece]) -> dict:
@@ -62,12 +66,14 @@ class Answer:
             self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
             echo = self.echoed[index] if self.echoed else ""
             logprobs = None
-            if choice.prompt_logprobs is not None:
-                logprobs = completion_logprobs(with_first_token(echo, choice.prompt_logprobs) + choice.logprobs, 0)
+            if echo and choice.logprobs is not None:
+                logprobs = completion_logprobs(self._echoed_tokens(echo, choice) + choice.logprobs, 0)
             elif choice.logprobs is not None:
                 logprobs = completion_logprobs(choice.logprobs, len(echo))
             out.append({"index": index, "text": echo + choice.text, "logprobs": logprobs,
                         "finish_reason": choice.finish_reason})
+            if self.prompt_logprobs:
+                out[-1]["prompt_logprobs"] = choice.prompt_logprobs
         return {**self.head, "choices": out, "usage": self.usage.as_dict()}
 
     def piece(self, index: int, piece: Piece) -> dict | None:
@@ -75,14 +81,17 @@ class Answer:
         text, tokens = piece.text, piece.logprobs or []
         if index not in self._length and self.echoed:
             text = self.echoed[index] + text
-            if piece.prompt_logprobs is not None:
-                tokens = with_first_token(self.echoed[index], piece.prompt_logprobs) + tokens
+            if piece.logprobs is not None:
+                tokens = self._echoed_tokens(self.echoed[index], piece) + tokens
         start = self._length.get(index, 0)
         self._length[index] = start + len(text)
         if not text and piece.finish_reason is None and not tokens:
             return None
         logprobs = completion_logprobs(tokens, start + len(text) - _length(tokens)) if tokens else None
         return self._chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": piece.finish_reason}])
+
+    def _echoed_tokens(self, echo: str, piece: Piece) -> list[TokenLogprob]:
+        return with_first_token(echo, prompt_scores(piece.prompt_logprobs or [], self.top_logprobs))
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []

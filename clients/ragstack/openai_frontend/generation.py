@@ -17,7 +17,7 @@ import numpy as np
 
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
-from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob, prompt_scores
+from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
@@ -32,7 +32,7 @@ class Piece:
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[TokenLogprob] | None = None   # of the prompt's tokens after the first (the first piece's)
+    prompt_logprobs: list | None = None   # the llm's prompt_logprobs output (vLLM's shape), on the first piece
     sources: list[dict] | None = None
 
     def add(self, piece: Piece) -> None:
@@ -67,8 +67,7 @@ def _piece(outputs: dict, matcher: Matcher | None) -> Piece:
                  prompt_tokens=_count(outputs, "num_input_tokens"),
                  completion_tokens=_count(outputs, "num_output_tokens") or 0,
                  logprobs=matcher.add(raw.reshape(-1)[0], text) if matcher is not None and raw is not None else None,
-                 prompt_logprobs=prompt_scores(raw_prompt.reshape(-1)[0], matcher.top_n)
-                 if matcher is not None and raw_prompt is not None else None,
+                 prompt_logprobs=json.loads(raw_prompt.reshape(-1)[0]) if raw_prompt is not None else None,
                  sources=json.loads(sources) if sources else None)
 
 

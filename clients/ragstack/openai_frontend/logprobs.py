@@ -118,11 +118,8 @@ def completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
             "top_logprobs": [_with_sampled(t) for t in tokens], "text_offset": offsets}
 
 
-def prompt_scores(raw: bytes | str, top_n: int) -> list[TokenLogprob] | None:
-    """The llm's `prompt_logprobs` output: the prompt's tokens after the first (None: not in this response)."""
-    entries = json.loads(raw)
-    if entries is None:
-        return None
+def prompt_scores(entries: list, top_n: int) -> list[TokenLogprob]:
+    """The llm's `prompt_logprobs` output (parsed): the prompt's tokens after the first."""
     tokens = []
     for entry in entries[1:]:
         values = list(entry.values())

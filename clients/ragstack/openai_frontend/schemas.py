@@ -20,7 +20,7 @@ from ragstack.openai_frontend.tools import tool_calls_message
 # Sampling keys the llm takes under their OpenAI / vLLM names.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
                  "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-                 "skip_special_tokens", "logit_bias", "allowed_token_ids")
+                 "skip_special_tokens", "logit_bias", "allowed_token_ids", "prompt_logprobs")
 # OpenAI's deprecated forms of tools: refused, pointing to tools.
 LEGACY = {"functions": "tools", "function_call": "tool_choice"}
 # OpenAI chat fields for what this server does not do: refused naming the field, not sent to the llm as
@@ -63,12 +63,19 @@ class Generation(BaseModel):
     skip_special_tokens: bool | None = None
     logit_bias: dict[str, float] | None = None   # token id (JSON's string key) -> bias; the llm reads the ids
     allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None   # vLLM's: the prompt's tokens scored, in a `prompt_logprobs` field
     response_format: Any = None   # structured.py
 
     def sampling(self) -> dict[str, Any]:
         """The llm's sampling keys: those given, and the undeclared ones as they came."""
         values = {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
         return {**values, **(self.model_extra or {})}
+
+    def returns_prompt_logprobs(self) -> bool:
+        """vLLM's `prompt_logprobs` asked for: the answer carries them (not streamed, as in vLLM)."""
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
+        return self.prompt_logprobs is not None
 
     def check_sizes(self, limits: FrontendLimits, choices: int, choices_param: str = "n") -> None:
         if self.n < 1:
