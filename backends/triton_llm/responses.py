@@ -3,9 +3,9 @@ the other outputs only when their return_* input asked (docs/additional_outputs.
 `finish_reason` ("None" until the last), `cumulative_logprob`, `logprobs` (JSON per response: for
 each new token, {token id: {logprob, rank, decoded_token}} over the sampled token and the N most
 likely), `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming); and
-`prompt_logprobs` (JSON in the first response, null after: null for the first prompt token, then for
-each the same entries over its N most likely tokens, the prompt token's own entry last; its pieces
-and the first token's add up to the decoded prompt).
+`prompt_logprobs` (JSON in the first response, null after: per prompt token the same entries over its
+N most likely tokens, the prompt token's own entry last; the first token's alone, its logprob and rank
+null, as nothing before it scores it; the own entries' pieces add up to the decoded prompt).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class ResponseBuilder:
             pieces.add_token(token, check_stop=False, last=i == len(ids) - 1)
             piece = pieces.emit(finished=i == len(ids) - 1)
             if top is None:  # the first token: nothing before it to score it
-                entries.append(None)
+                entries.append({str(token): {"logprob": None, "rank": None, "decoded_token": piece}})
                 continue
             entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.tokenizer.decode([t])}
                      for rank, (t, lp) in enumerate(top.top.items()) if t != token}

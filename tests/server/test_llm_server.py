@@ -92,14 +92,16 @@ def test_prompt_logprobs_come_in_the_first_response_with_each_prompt_tokens_entr
             if r.as_numpy("prompt_logprobs") is not None]
     first, later = raws[0], raws[1:]
     assert all(r is None for r in later)   # streamed: in the first response only (the pieces may come as one)
-    assert first[0] is None and len(first) == len(ids)
-    pieces = ""
+    assert len(first) == len(ids)
+    assert first[0] == {str(ids[0]): {"logprob": None, "rank": None, "decoded_token": first[0][str(ids[0])][
+        "decoded_token"]}}   # nothing before the first token scores it
+    pieces = first[0][str(ids[0])]["decoded_token"]
     for token, entry in zip(ids[1:], first[1:]):
         own_id, own = list(entry.items())[-1]
         assert own_id == str(token) and own["logprob"] <= 0 and own["rank"] >= 1
         assert {1, 2} <= {e["rank"] for e in entry.values()} and len(entry) <= 3
         pieces += own["decoded_token"]
-    assert pieces and prompt.endswith(pieces)   # what is left is the first token's text
+    assert pieces == prompt
 
 
 def test_a_prompt_of_token_ids_answers_as_the_text_it_encodes(server):

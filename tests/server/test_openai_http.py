@@ -86,7 +86,6 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/completions", {"model": "llm", "prompt": [[1, 2], []]}, 400, "prompt", "none empty"),
     ("/v1/completions", {"model": "llm", "prompt": [[1, -2]]}, 400, "prompt", "token ids must be in [0, 2^31), got -2"),
     ("/v1/completions", {"model": "llm", "prompt": [1, 99999]}, 400, "prompt", "prompt token ids must be in [0, "),
-    ("/v1/completions", {"model": "llm", "prompt": [1, 2], "echo": True}, 400, "echo", "echo repeats text prompts"),
     ("/v1/embeddings", {"model": "embed", "input": "x", "dimensions": 128}, 400, "dimensions", "384-dimensional"),
     ("/v1/embeddings", {"model": "embed", "input": ["ok", "  "]}, 400, "input", "empty"),
     ("/v1/embeddings", {"model": "embed", "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),

@@ -167,11 +167,19 @@ def test_completions_prompts_echo_and_logprobs(client, triton):
 
 
 def test_completions_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(client):
-    """lm-eval's loglikelihood request: echo, logprobs and one token; the prompt's tokens come first, the first
-    without a logprob, as OpenAI and vLLM answer it."""
+    """lm-eval's loglikelihood request: echo, logprobs and one token, the prompts as token ids (its default) or
+    text; the prompt's tokens come first, the first without a logprob, as OpenAI and vLLM answer it."""
     prompt, asked = "Paged attention stores keys and values", dict(model="llm", temperature=0, logprobs=2)
     answer = client.completions.create(prompt=prompt, max_tokens=1, echo=True, **asked)
     choice, n = answer.choices[0], len(tiny_llm_ids(prompt))
+    as_ids = client.completions.create(prompt=[tiny_llm_ids(prompt), tiny_llm_ids("A KV cache")], max_tokens=1,
+                                       echo=True, **asked)
+    assert as_ids.choices[0].text == choice.text and as_ids.choices[1].text.startswith("A KV cache")
+    assert as_ids.choices[0].logprobs.tokens == choice.logprobs.tokens
+    assert as_ids.choices[0].logprobs.token_logprobs == pytest.approx(choice.logprobs.token_logprobs, abs=1e-6)
+    unscored = client.completions.create(prompt=tiny_llm_ids(prompt), max_tokens=1, echo=True, model="llm",
+                                         temperature=0).choices[0]
+    assert unscored.text == choice.text and unscored.logprobs is None   # token ids echoed as text
     logprobs = choice.logprobs
     assert answer.usage.prompt_tokens == n and len(logprobs.tokens) == n + 1 and choice.text.startswith(prompt)
     assert "".join(logprobs.tokens) == choice.text and "".join(logprobs.tokens[:n]) == prompt

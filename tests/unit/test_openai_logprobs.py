@@ -10,7 +10,7 @@ from ragstack.openai_frontend.logprobs import (
     chat_content,
     completion_logprobs,
     prompt_scores,
-    with_first_token,
+    vllm_prompt_logprobs,
 )
 
 
@@ -74,14 +74,14 @@ def test_top_logprobs_as_openai_has_them():
 
 
 def test_an_echoed_prompts_tokens_the_first_without_a_logprob():
-    """The llm's prompt_logprobs: null, then per token its top N by rank with its own entry last (in the top N
-    or not); the first token's text is what the others leave of the prompt."""
-    entries = [None,
+    """The llm's prompt_logprobs: per token its top N by rank with its own entry last (in the top N or not); the
+    first token's own entry alone, logprob and rank null. vLLM's field has None there."""
+    first = {"3": {"logprob": None, "rank": None, "decoded_token": "The"}}
+    entries = [first,
                entry((7, " cat", -3.0, 1), (8, " dog", -3.5, 2), (9, " KV", -6.0, 12)),
                entry((5, " is", -0.7, 1), (6, " cache", -1.1, 2))]   # its own entry, rank 2, last
-    tokens = with_first_token("The KV cache", prompt_scores(entries, 2))
-    assert completion_logprobs(tokens, 0) == {
+    assert completion_logprobs(prompt_scores(entries, 2), 0) == {
         "tokens": ["The", " KV", " cache"], "token_logprobs": [None, -6.0, -1.1],
         "top_logprobs": [None, {" cat": -3.0, " dog": -3.5, " KV": -6.0}, {" is": -0.7, " cache": -1.1}],
         "text_offset": [0, 3, 6]}
-    assert with_first_token("not the same text", prompt_scores(entries, 2))[0].token == ""
+    assert vllm_prompt_logprobs(entries) == [None, *entries[1:]]

@@ -21,7 +21,7 @@ from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.generation import Piece
-from ragstack.openai_frontend.logprobs import chat_content
+from ragstack.openai_frontend.logprobs import chat_content, vllm_prompt_logprobs
 from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.schemas import SAMPLING_KEYS, ChatRequest
 from ragstack.openai_frontend.tool_parsers import Reader, collect
@@ -106,7 +106,7 @@ class Answer:
                         "finish_reason": reason})
         answer = {**self.head, "object": "chat.completion", "choices": out, "usage": self.usage.as_dict()}
         if self.prompt_logprobs:
-            answer["prompt_logprobs"] = choices[0].prompt_logprobs
+            answer["prompt_logprobs"] = vllm_prompt_logprobs(choices[0].prompt_logprobs or [])
         return answer
 
     def piece(self, index: int, piece: Piece) -> dict | None:

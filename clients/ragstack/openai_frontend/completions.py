@@ -1,7 +1,9 @@
 """`POST /v1/completions`: an llm model on a prompt used as it is (no chat template), text or token
-ids; a list of prompts gives n choices each, prompt by prompt. `echo` puts a text prompt before the
-answer, and with `logprobs` its tokens' logprobs before the answer's (the first token has none, as in
-OpenAI's and vLLM's answers). `response_format` and vLLM's guided_* keys constrain the output (structured.py)."""
+ids; a list of prompts gives n choices each, prompt by prompt. `echo` puts the prompt before the answer
+(token ids decoded, by the llm: it scores the prompt for their text), and with `logprobs` its tokens'
+logprobs before the answer's, the first token's null (as OpenAI and vLLM answer lm-eval's loglikelihood
+requests). vLLM's `prompt_logprobs` N adds its field to each choice. `response_format` and vLLM's guided_*
+keys constrain the output (structured.py)."""
 from __future__ import annotations
 
 import time
@@ -14,7 +16,12 @@ from ragstack.openai_frontend import generation, metrics, models, streaming, str
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.generation import Piece
-from ragstack.openai_frontend.logprobs import TokenLogprob, completion_logprobs, prompt_scores, with_first_token
+from ragstack.openai_frontend.logprobs import (
+    TokenLogprob,
+    completion_logprobs,
+    prompt_scores,
+    vllm_prompt_logprobs,
+)
 from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.schemas import SAMPLING_KEYS, CompletionRequest
 from ragstack.openai_frontend.usage import Usage
@@ -32,14 +39,13 @@ async def completions(request: Request, frontend: Frontend) -> Response:
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
     vllm_prompt_logprobs = body.returns_prompt_logprobs()
-    scored = (logprobs and body.echo) or vllm_prompt_logprobs
     if logprobs and body.echo and not vllm_prompt_logprobs:
         params["prompt_logprobs"] = "logprobs"
-    requests = [generation.Request(served.name, generation.llm_inputs(prompt, s, body.stream, logprobs, scored),
-                                   params, top_logprobs=body.logprobs)
+    requests = [generation.Request(served.name, llm_inputs(body, prompt, s), params, top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
-                    [p for p in prompts for _ in range(body.n)] if body.echo else None,
+                    [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo
+                    else None,
                     Usage(True, prompts=len(prompts), n=body.n),
                     body.stream_options is not None and body.stream_options.include_usage, body.logprobs,
                     vllm_prompt_logprobs)
@@ -49,12 +55,23 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     return JSONResponse(answer.whole(choices))
 
 
+def llm_inputs(body: CompletionRequest, prompt: str | list[int], sampling: dict) -> dict:
+    """The llm's inputs for one prompt: its scores asked for where the answer shows them, or where echoing
+    token ids needs their text."""
+    echo_ids = body.echo and not isinstance(prompt, str)
+    scored = body.returns_prompt_logprobs() or (body.echo and body.logprobs is not None) or echo_ids
+    if echo_ids and sampling.get("prompt_logprobs") is None:
+        sampling = {**sampling, "prompt_logprobs": 0}
+    return generation.llm_inputs(prompt, sampling, body.stream, body.logprobs is not None, scored)
+
+
 class Answer:
     """The answer's JSON: whole, or chunk by chunk."""
 
-    def __init__(self, completion_id: str, created: int, model: str, echoed: list[str] | None, usage: Usage,
-                 usage_chunk: bool, top_logprobs: int | None = None, prompt_logprobs: bool = False):
-        """`top_logprobs`: the request's `logprobs`; `prompt_logprobs`: each choice carries vLLM's field."""
+    def __init__(self, completion_id: str, created: int, model: str, echoed: list[str | None] | None,
+                 usage: Usage, usage_chunk: bool, top_logprobs: int | None = None, prompt_logprobs: bool = False):
+        """`echoed`: per choice, the text prompt to put first (None: token ids, decoded by the llm); `top_logprobs`:
+        the request's `logprobs`; `prompt_logprobs`: each choice carries vLLM's field."""
         self.head = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
         self.echoed, self.usage, self.usage_chunk = echoed, usage, usage_chunk
         self.top_logprobs, self.prompt_logprobs = top_logprobs, prompt_logprobs
@@ -64,25 +81,24 @@ class Answer:
         out = []
         for index, choice in enumerate(choices):
             self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
-            echo = self.echoed[index] if self.echoed else ""
+            echo, prompt_tokens = self._echo(index, choice)
             logprobs = None
-            if echo and choice.logprobs is not None:
-                logprobs = completion_logprobs(self._echoed_tokens(echo, choice) + choice.logprobs, 0)
-            elif choice.logprobs is not None:
-                logprobs = completion_logprobs(choice.logprobs, len(echo))
+            if choice.logprobs is not None:
+                logprobs = completion_logprobs(prompt_tokens + choice.logprobs, 0 if prompt_tokens else len(echo))
             out.append({"index": index, "text": echo + choice.text, "logprobs": logprobs,
                         "finish_reason": choice.finish_reason})
             if self.prompt_logprobs:
-                out[-1]["prompt_logprobs"] = choice.prompt_logprobs
+                out[-1]["prompt_logprobs"] = vllm_prompt_logprobs(choice.prompt_logprobs or [])
         return {**self.head, "choices": out, "usage": self.usage.as_dict()}
 
     def piece(self, index: int, piece: Piece) -> dict | None:
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
         text, tokens = piece.text, piece.logprobs or []
-        if index not in self._length and self.echoed:
-            text = self.echoed[index] + text
+        if index not in self._length:
+            echo, prompt_tokens = self._echo(index, piece)
+            text = echo + text
             if piece.logprobs is not None:
-                tokens = self._echoed_tokens(self.echoed[index], piece) + tokens
+                tokens = prompt_tokens + tokens
         start = self._length.get(index, 0)
         self._length[index] = start + len(text)
         if not text and piece.finish_reason is None and not tokens:
@@ -90,8 +106,13 @@ class Answer:
         logprobs = completion_logprobs(tokens, start + len(text) - _length(tokens)) if tokens else None
         return self._chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": piece.finish_reason}])
 
-    def _echoed_tokens(self, echo: str, piece: Piece) -> list[TokenLogprob]:
-        return with_first_token(echo, prompt_scores(piece.prompt_logprobs or [], self.top_logprobs))
+    def _echo(self, index: int, first: Piece) -> tuple[str, list[TokenLogprob]]:
+        """The choice's echoed text and, when the llm scored the prompt, its tokens (from the choice's first piece)."""
+        if not self.echoed:
+            return "", []
+        tokens = prompt_scores(first.prompt_logprobs or [], self.top_logprobs or 0)
+        echo = self.echoed[index]
+        return ("".join(t.token for t in tokens) if echo is None else echo), tokens
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []

@@ -9,9 +9,9 @@ As OpenAI: each token's `logprob` is the sampled token's own. Chat's `top_logpro
 which hold the sampled token only where it is one of them; completions' `top_logprobs` are the N most
 likely plus the sampled token ("up to logprobs+1 elements": the API always returns the sampled token's).
 
-With `echo`, the prompt's tokens come first: the llm's `prompt_logprobs` output holds null for the first
-token (nothing before it to score it), then per token the same entries, its own last, every entry with
-its rank; their `decoded_token`s add up to the prompt after its first token, whose text is what is left.
+With `echo`, the prompt's tokens come first: the llm's `prompt_logprobs` output holds per token the same
+entries, its own last, every entry with its rank; the first token's alone, with a null logprob (nothing
+before it scores it). The own entries' `decoded_token`s add up to the decoded prompt.
 """
 from __future__ import annotations
 
@@ -119,21 +119,21 @@ def completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
 
 
 def prompt_scores(entries: list, top_n: int) -> list[TokenLogprob]:
-    """The llm's `prompt_logprobs` output (parsed): the prompt's tokens after the first."""
+    """The llm's `prompt_logprobs` output (parsed): the prompt's tokens, the first without a logprob."""
     tokens = []
-    for entry in entries[1:]:
+    for entry in entries:
         values = list(entry.values())
-        top = sorted((v for v in values if v["rank"] <= top_n), key=lambda v: v["rank"])
-        tokens.append(TokenLogprob(values[-1]["decoded_token"], values[-1]["logprob"],
-                                   [Alternative(v["decoded_token"], v["logprob"]) for v in top]))
+        own = values[-1]
+        top = sorted((v for v in values if v["rank"] is not None and v["rank"] <= top_n), key=lambda v: v["rank"])
+        tokens.append(TokenLogprob(own["decoded_token"], own["logprob"],
+                                   None if own["rank"] is None else [Alternative(v["decoded_token"], v["logprob"])
+                                                                     for v in top]))
     return tokens
 
 
-def with_first_token(prompt: str, tokens: list[TokenLogprob]) -> list[TokenLogprob]:
-    """The prompt's tokens, the first included: its text is what the others leave of the prompt."""
-    rest = "".join(t.token for t in tokens)
-    first = prompt[:len(prompt) - len(rest)] if prompt.endswith(rest) else ""
-    return [TokenLogprob(first, None, None), *tokens]
+def vllm_prompt_logprobs(entries: list) -> list:
+    """The llm's `prompt_logprobs` output as vLLM answers it: None for the first token."""
+    return [None, *entries[1:]]
 
 
 def _with_sampled(t: TokenLogprob) -> dict[str, float] | None:

@@ -192,8 +192,6 @@ class CompletionRequest(Generation):
             elif not all(0 <= t < 1 << 31 for t in prompt):
                 raise APIError(400, f"{param}: token ids must be in [0, 2^31), got {min(prompt)} to {max(prompt)}",
                                param)
-            elif self.echo:
-                raise APIError(400, f"{param}: echo repeats text prompts only; this one is token ids", "echo")
         if self.suffix:
             raise APIError(400, "suffix is not supported (no fill-in-the-middle)", "suffix")
         for name in TOOL_KEYS:
