@@ -7,7 +7,7 @@ widened as fast as they stream).
 The kernel is launched through its public wrapper on CPU tensors with the launch intercepted, so its
 signature, specialisation and launch parameters (launch_configs/<family>.json, then --launch) are the
 ones the engine would use on that GPU. Registers decide occupancy: an SM holds 65,536, so a
-128-thread block of FP8 decode at 168 registers fits 3 times, at 128 (its maxnreg) 4 times.
+128-thread block of FP8 decode at 168 registers fits 3 times, capped at 128 (maxnreg) 4 times.
 Numbers match the GPU's only with its Triton version (the lent H200 runs 3.6.0): run this from a
 venv holding that version, torch and the engine's requirements.
 

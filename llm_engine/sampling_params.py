@@ -115,6 +115,8 @@ class SamplingParams:
     output tokens only. max_tokens None means "up to max_model_len". A `seed` makes the request's
     samples reproducible whatever else is in the batch. `logprobs` N reports each generated token's
     logprob and rank and the N most likely tokens' logprobs (0: the token's own only; True is 0).
+    `prompt_logprobs` N does the same for each prompt token after the first, from the model's raw logits
+    (no sampling setting applies), as vLLM does.
     `logit_bias` adds its value (OpenAI's -100 to 100) to its token id's logit before the penalties;
     JSON's string keys ("50256") are read as ids. `allowed_token_ids` restricts every pick to those ids.
     `truncate_prompt_tokens` k keeps the prompt's last k tokens (-1: max_model_len of them), as vLLM does.

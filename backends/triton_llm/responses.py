@@ -79,13 +79,17 @@ class ResponseBuilder:
         pieces = IncrementalDetokenizer(self.tokenizer, [], [], self.req.sampling.get("skip_special_tokens", True))
         ids = out.prompt_token_ids
         entries = []
+        decoded: dict[int, str] = {}  # a long prompt's top tokens repeat: each decoded once
         for i, (token, logprob, top) in enumerate(zip(ids, out.prompt_logprobs, out.prompt_top_logprobs)):
             pieces.add_token(token, check_stop=False, last=i == len(ids) - 1)
             piece = pieces.emit(finished=i == len(ids) - 1)
             if top is None:  # the first token: nothing before it to score it
                 entries.append({str(token): {"logprob": None, "rank": None, "decoded_token": piece}})
                 continue
-            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.tokenizer.decode([t])}
+            for t in top.top:
+                if t not in decoded:
+                    decoded[t] = self.tokenizer.decode([t])
+            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": decoded[t]}
                      for rank, (t, lp) in enumerate(top.top.items()) if t != token}
             entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece}
             entries.append(entry)

@@ -87,11 +87,14 @@ class BlockManager:
     def _match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding seq's leading full blocks. The last token is never a hit: the
         runner must compute at least one token to produce the logits to sample from. A sequence
-        that asks for prompt logprobs gets no hit: its prompt positions must run to be scored."""
-        params = seq.sampling_params
-        if not self.enable_prefix_caching or (params is not None and params.prompt_logprobs is not None):
+        that asks for prompt logprobs gets hits only over the positions it scored (a recompute after
+        preemption): the others must run to be scored."""
+        if not self.enable_prefix_caching:
             return []
         max_blocks = (len(seq) - 1) // self.block_size
+        params = seq.sampling_params
+        if params is not None and params.prompt_logprobs is not None:
+            max_blocks = min(max_blocks, seq.prompt_logprob_mark // self.block_size)
         hashes = self._full_block_hashes(seq, max_blocks)
         hits = []
         bs = self.block_size

@@ -32,7 +32,7 @@ from llm_engine.worker.cuda_graphs import DecodeGraphs
 from llm_engine.worker.distributed import SINGLE, TensorParallelGroup
 from llm_engine.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_from_gpu_memory
 from llm_engine.worker.piecewise_graphs import PiecewiseGraphs, bucket_sizes
-from llm_engine.worker.prompt_logprobs import PromptLogprobs, score_prompt_rows
+from llm_engine.worker.prompt_logprobs import SLICE_ROWS, PromptLogprobs, score_prompt_rows
 from llm_engine.worker.step_inputs import (
     StepLayout,
     leading_decodes,
@@ -153,7 +153,8 @@ class ModelRunner:
                 hidden = self.model(inputs["input_ids"], inputs["positions"], meta)
         logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
         self.prompt_logprobs = None if "prompt_rows" not in inputs else score_prompt_rows(
-            self.model, hidden, inputs["prompt_rows"], inputs["prompt_targets"], layout.prompt_top)
+            self.model, hidden, inputs["prompt_rows"], inputs["prompt_targets"], layout.prompt_top,
+            min(SLICE_ROWS, self.config.max_num_seqs))
         return logits
 
     def close(self) -> None:

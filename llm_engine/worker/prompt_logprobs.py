@@ -3,8 +3,9 @@ tokens before it, its rank there and the N most likely tokens, from the model's 
 
 The scheduler names the prompt positions a step scores (ScheduledBatch.prompt_rows); the logits at
 position p score token p + 1, which the prompt holds even where a later chunk computes it. Their rows
-go through the LM head in slices, so that their float32 logits never take more memory than a
-warm-up step's sampled rows, which sized the KV pool.
+go through the LM head in slices of at most max_num_seqs rows (and SLICE_ROWS), so that their float32
+logits take no more memory than a warm-up step's sampled rows, which sized the KV pool; log_softmax and
+the ranks take about as much again at the peak.
 """
 from __future__ import annotations
 
@@ -18,15 +19,15 @@ from llm_engine.worker.sampler import token_logprobs
 SLICE_ROWS = 256
 
 
-def score_prompt_rows(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor,
-                      top: int) -> PromptLogprobs | None:
-    """The scores of hidden[rows] against targets (None on tensor-parallel ranks other than 0, which
-    take part in each slice's LM head all the same)."""
+def score_prompt_rows(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, top: int,
+                      slice_rows: int) -> PromptLogprobs | None:
+    """The scores of hidden[rows] against targets, `slice_rows` at a time (None on tensor-parallel ranks
+    other than 0, which take part in each slice's LM head all the same)."""
     parts = []
-    for a in range(0, rows.numel(), SLICE_ROWS):
-        logits = model.compute_logits(hidden[rows[a:a + SLICE_ROWS]])
+    for a in range(0, rows.numel(), slice_rows):
+        logits = model.compute_logits(hidden[rows[a:a + slice_rows]])
         if logits is not None:
-            parts.append(token_logprobs(logits, targets[a:a + SLICE_ROWS].long(), [top]))
+            parts.append(token_logprobs(logits, targets[a:a + slice_rows].long(), [top]))
     return PromptLogprobs(tuple(torch.cat(p) for p in zip(*parts))) if parts else None
 
 

@@ -170,6 +170,21 @@ def test_prefix_caching_can_be_disabled():
     assert b.num_cached_tokens == 0
 
 
+def test_a_prompt_scoring_sequence_hits_only_the_positions_it_scored():
+    bm = BlockManager(16, BS)
+    a = seq(range(13))
+    bm.allocate(a)
+    computed(bm, a)
+    bm.free(a)
+    scored = Sequence(token_ids=list(range(13)), sampling_params=SamplingParams(prompt_logprobs=0))
+    bm.allocate(scored)
+    assert scored.num_cached_tokens == 0   # nothing scored yet: every position must run
+    bm.free(scored)
+    scored.prompt_logprob_mark = 9   # preempted after scoring 9 positions: their first two blocks may be hits
+    bm.allocate(scored)
+    assert scored.num_cached_tokens == 8
+
+
 def test_generated_tokens_are_cached_too():
     bm = BlockManager(8, BS)
     a = seq(range(3))

@@ -61,9 +61,13 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
                     for s in generation.seeded(sampling, body.n)]
     else:
         top = sampling.get("logprobs") if body.logprobs else None
+        # The choices share the prompt: the first alone scores it for the answer's prompt_logprobs.
+        choices = [s if i == 0 else {k: v for k, v in s.items() if k != "prompt_logprobs"}
+                   for i, s in enumerate(generation.seeded(sampling, body.n))]
         requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
-                                                                          prompt_logprobs, tools.llm_tools(tool_plan)),
-                                       params, top_logprobs=top) for s in generation.seeded(sampling, body.n)]
+                                                                          prompt_logprobs and i == 0,
+                                                                          tools.llm_tools(tool_plan)),
+                                       params, top_logprobs=top) for i, s in enumerate(choices)]
     usage = Usage(True, prompts=1, n=body.n)
     answer = Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name, usage,
                     body.stream_options is not None and body.stream_options.include_usage, tool_plan, prompt_logprobs)

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from ragstack.openai_frontend import generation, metrics, models, streaming, structured
 from ragstack.openai_frontend.disconnect import unless_gone
+from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.generation import Piece
 from ragstack.openai_frontend.logprobs import (
@@ -38,8 +39,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
               "prompt_token_ids": "prompt", "logprobs": "logprobs",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
-    vllm_prompt_logprobs = body.returns_prompt_logprobs()
-    if logprobs and body.echo and not vllm_prompt_logprobs:
+    vllm_field = body.returns_prompt_logprobs()
+    if logprobs and body.echo and not vllm_field:
         params["prompt_logprobs"] = "logprobs"
     requests = [generation.Request(served.name, llm_inputs(body, prompt, s), params, top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
@@ -47,8 +48,7 @@ async def completions(request: Request, frontend: Frontend) -> Response:
                     [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo
                     else None,
                     Usage(True, prompts=len(prompts), n=body.n),
-                    body.stream_options is not None and body.stream_options.include_usage, body.logprobs,
-                    vllm_prompt_logprobs)
+                    body.stream_options is not None and body.stream_options.include_usage, body.logprobs, vllm_field)
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
@@ -84,7 +84,7 @@ class Answer:
             echo, prompt_tokens = self._echo(index, choice)
             logprobs = None
             if choice.logprobs is not None:
-                logprobs = completion_logprobs(prompt_tokens + choice.logprobs, 0 if prompt_tokens else len(echo))
+                logprobs = completion_logprobs(choice.logprobs, len(echo), prompt_tokens)
             out.append({"index": index, "text": echo + choice.text, "logprobs": logprobs,
                         "finish_reason": choice.finish_reason})
             if self.prompt_logprobs:
@@ -93,26 +93,32 @@ class Answer:
 
     def piece(self, index: int, piece: Piece) -> dict | None:
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
-        text, tokens = piece.text, piece.logprobs or []
+        text, echoed = piece.text, []
         if index not in self._length:
-            echo, prompt_tokens = self._echo(index, piece)
+            echo, echoed = self._echo(index, piece)
             text = echo + text
-            if piece.logprobs is not None:
-                tokens = prompt_tokens + tokens
         start = self._length.get(index, 0)
         self._length[index] = start + len(text)
-        if not text and piece.finish_reason is None and not tokens:
+        if not text and piece.finish_reason is None and not piece.logprobs and not echoed:
             return None
-        logprobs = completion_logprobs(tokens, start + len(text) - _length(tokens)) if tokens else None
+        logprobs = None
+        if piece.logprobs is not None and (piece.logprobs or echoed):
+            logprobs = completion_logprobs(piece.logprobs, start + len(text) - len(piece.text), echoed)
         return self._chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": piece.finish_reason}])
 
     def _echo(self, index: int, first: Piece) -> tuple[str, list[TokenLogprob]]:
-        """The choice's echoed text and, when the llm scored the prompt, its tokens (from the choice's first piece)."""
+        """The choice's echoed text and, with logprobs, its tokens (from the choice's first piece)."""
         if not self.echoed:
             return "", []
-        tokens = prompt_scores(first.prompt_logprobs or [], self.top_logprobs or 0)
         echo = self.echoed[index]
-        return ("".join(t.token for t in tokens) if echo is None else echo), tokens
+        if first.prompt_logprobs is None:  # a model of one's own without the llm's prompt_logprobs output
+            if echo is None or self.top_logprobs is not None:
+                raise APIError(400, "echo of token ids, or with logprobs, needs the prompt's logprobs, and this model "
+                                    "does not return them (the llm's prompt_logprobs output)", "echo")
+            return echo, []
+        tokens = prompt_scores(first.prompt_logprobs, self.top_logprobs or 0)
+        return ("".join(t.token for t in tokens) if echo is None else echo), (
+            tokens if self.top_logprobs is not None else [])
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []
@@ -122,7 +128,3 @@ class Answer:
         if self.usage_chunk:
             chunk["usage"] = usage
         return chunk
-
-
-def _length(tokens: list[TokenLogprob]) -> int:
-    return sum(len(t.token) for t in tokens)

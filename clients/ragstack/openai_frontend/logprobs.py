@@ -108,14 +108,19 @@ def chat_content(tokens: list[TokenLogprob]) -> list[dict]:
                               for a in t.top]} for t in tokens]
 
 
-def completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
-    """Completions' `logprobs`; `offset`: where the first token starts in the choice's text."""
-    offsets = []
+def completion_logprobs(tokens: list[TokenLogprob], offset: int, echoed: list[TokenLogprob] = ()) -> dict:
+    """Completions' `logprobs`; `offset`: where the first token starts in the choice's text; `echoed`: the echoed
+    prompt's tokens, before them, from the text's start."""
+    offsets, at = [], 0
+    for t in echoed:
+        offsets.append(at)
+        at += len(t.token)
     for t in tokens:
         offsets.append(offset)
         offset += len(t.token)
-    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [_with_sampled(t) for t in tokens], "text_offset": offsets}
+    every = [*echoed, *tokens]
+    return {"tokens": [t.token for t in every], "token_logprobs": [t.logprob for t in every],
+            "top_logprobs": [_with_sampled(t) for t in every], "text_offset": offsets}
 
 
 def prompt_scores(entries: list, top_n: int) -> list[TokenLogprob]:
