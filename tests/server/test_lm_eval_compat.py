@@ -1,7 +1,7 @@
 """lm-evaluation-harness against the OpenAI frontend, unchanged: its `local-completions` model (the request flow
 of `lm_eval --model local-completions --model_args base_url=...`) scores loglikelihood requests, sent as token
 ids with echo and logprobs as it does by default, and as text; the scores are HF transformers' on the same
-checkpoint."""
+checkpoint. Its generate_until requests (greedy, stop strings) answer as the official client's."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +10,7 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 from lm_eval.models.openai_completions import LocalCompletionsAPI
+from openai import OpenAI
 
 from server_helpers import TINY_LLM, tiny_llm_ids
 
@@ -41,3 +42,18 @@ def test_lm_eval_local_completions_scores_loglikelihood_as_hf(triton_server, tok
         expected, expected_greedy = hf_loglikelihood(*pair)
         assert logprob == pytest.approx(expected, abs=1e-3), pair
         assert greedy == expected_greedy, pair
+
+
+@pytest.mark.parametrize("tokenized", [True, False], ids=["token ids", "text"])
+def test_lm_eval_local_completions_generates_until_as_the_openai_client(triton_server, tokenized):
+    lm = LocalCompletionsAPI(base_url=f"{triton_server.openai_url}/v1/completions", model="llm",
+                             tokenizer=str(TINY_LLM), tokenized_requests=tokenized, max_retries=1)
+    contexts = ["Question: what does a KV cache hold?\nAnswer:", "The quick brown fox"]
+    asked = {"until": ["\n\n", "."], "max_gen_toks": 12}
+    answers = lm.generate_until([Instance("generate_until", {}, (context, dict(asked)), idx)
+                                 for idx, context in enumerate(contexts)], disable_tqdm=True)
+    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0) as client:
+        for context, answer in zip(contexts, answers):
+            direct = client.completions.create(model="llm", prompt=context, max_tokens=12, temperature=0,
+                                               stop=asked["until"], seed=1234)
+            assert answer == direct.choices[0].text and answer, context
