@@ -16,6 +16,14 @@ def computed(bm: BlockManager, s: Sequence) -> Sequence:
     return s
 
 
+def cached(bm: BlockManager, tokens) -> None:
+    """A sequence of `tokens` computed and freed: its full blocks stay in the prefix cache."""
+    s = seq(tokens)
+    bm.allocate(s)
+    computed(bm, s)
+    bm.free(s)
+
+
 def test_allocate_covers_all_tokens_and_free_returns_them():
     bm = BlockManager(8, BS)
     s = seq(range(10))
@@ -70,10 +78,7 @@ def test_prefix_is_reused_and_shared():
 
 def test_cached_blocks_survive_their_sequence():
     bm = BlockManager(8, BS)
-    a = seq(range(9))
-    bm.allocate(a)
-    computed(bm, a)
-    bm.free(a)
+    cached(bm, range(9))
     b = seq(range(9))
     assert bm.allocate(b) and b.num_cached_tokens == 8
 
@@ -161,10 +166,7 @@ def test_duplicate_prefixes_computed_concurrently_are_released_cleanly():
 
 def test_prefix_caching_can_be_disabled():
     bm = BlockManager(8, BS, enable_prefix_caching=False)
-    a = seq(range(9))
-    bm.allocate(a)
-    computed(bm, a)
-    bm.free(a)
+    cached(bm, range(9))
     b = seq(range(9))
     bm.allocate(b)
     assert b.num_cached_tokens == 0
@@ -172,10 +174,7 @@ def test_prefix_caching_can_be_disabled():
 
 def test_a_prompt_scoring_sequence_hits_only_the_positions_it_scored():
     bm = BlockManager(16, BS)
-    a = seq(range(13))
-    bm.allocate(a)
-    computed(bm, a)
-    bm.free(a)
+    cached(bm, range(13))
     scored = Sequence(token_ids=list(range(13)), sampling_params=SamplingParams(prompt_logprobs=0))
     bm.allocate(scored)
     assert scored.num_cached_tokens == 0   # nothing scored yet: every position must run

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_steps import drain
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 from llm_engine import LLM
@@ -15,17 +16,6 @@ from llm_engine.errors import EngineOverloadedError
 from llm_engine.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0)
-
-
-def drain(engine, max_steps=500):
-    """Step until idle; every output per request, in order."""
-    outputs: dict[str, list] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            return outputs
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).append(out)
-    raise AssertionError("engine did not finish")
 
 
 def final(outputs, rid):

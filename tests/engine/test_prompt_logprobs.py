@@ -7,6 +7,7 @@ import functools
 
 import pytest
 import torch
+from engine_steps import drain
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
 from llm_engine import LLM
@@ -16,16 +17,10 @@ GREEDY = dict(temperature=0)
 LONG_PROMPT = "Retrieval augmented generation combines a search engine with a language model, and the server"
 
 
-def run(engine, requests: dict[str, tuple[str, SamplingParams]], max_steps: int = 500) -> dict[str, list]:
+def run(engine, requests: dict[str, tuple[str, SamplingParams]]) -> dict[str, list]:
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
-    outputs: dict[str, list] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            return outputs
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).append(out)
-    raise AssertionError("engine did not finish")
+    return drain(engine)
 
 
 # --- the counting fake model: "abc" is certain at every position, "aXc" is not at the X ---------------

@@ -42,7 +42,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     vllm_field = body.returns_prompt_logprobs()
     if logprobs and body.echo and not vllm_field:
         params["prompt_logprobs"] = "logprobs"
-    requests = [generation.Request(served.name, llm_inputs(body, prompt, s), params, top_logprobs=body.logprobs)
+    requests = [generation.Request(served.name, llm_inputs(body, prompt, s, vllm_field), params,
+                                   top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
                     [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo
@@ -55,14 +56,13 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     return JSONResponse(answer.whole(choices))
 
 
-def llm_inputs(body: CompletionRequest, prompt: str | list[int], sampling: dict) -> dict:
-    """The llm's inputs for one prompt: its scores asked for where the answer shows them, or where echoing
-    token ids needs their text."""
-    echo_ids = body.echo and not isinstance(prompt, str)
-    scored = body.returns_prompt_logprobs() or (body.echo and body.logprobs is not None) or echo_ids
-    if echo_ids and sampling.get("prompt_logprobs") is None:
-        sampling = {**sampling, "prompt_logprobs": 0}
-    return generation.llm_inputs(prompt, sampling, body.stream, body.logprobs is not None, scored)
+def llm_inputs(body: CompletionRequest, prompt: str | list[int], sampling: dict, vllm_field: bool) -> dict:
+    """The llm's inputs for one prompt: the prompt's scores asked for where the answer shows them (`vllm_field`,
+    echo with logprobs: as many as `logprobs`, vLLM's rule) or where echoing token ids needs their text."""
+    echo_scored = body.echo and (body.logprobs is not None or not isinstance(prompt, str))
+    if echo_scored and sampling.get("prompt_logprobs") is None:
+        sampling = {**sampling, "prompt_logprobs": body.logprobs or 0}
+    return generation.llm_inputs(prompt, sampling, body.stream, body.logprobs is not None, vllm_field or echo_scored)
 
 
 class Answer:

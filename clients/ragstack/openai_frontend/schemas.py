@@ -173,8 +173,6 @@ class CompletionRequest(Generation):
         values = super().sampling()
         if self.logprobs is not None:
             values["logprobs"] = self.logprobs
-            if self.echo:  # the echoed prompt's tokens get theirs too (vLLM's rule)
-                values.setdefault("prompt_logprobs", self.logprobs)
         return values
 
     def prompts(self, limits: FrontendLimits) -> list[str | list[int]]:
