@@ -16,7 +16,7 @@ from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.request_body import parse
-from ragstack.openai_frontend.schemas import EmbeddingRequest
+from ragstack.openai_frontend.pooling_schemas import EmbeddingRequest
 
 PARAMS = {"text": "input"}   # what the model's messages name -> the request's field
 

@@ -16,7 +16,7 @@ from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.request_body import parse
-from ragstack.openai_frontend.schemas import RerankRequest
+from ragstack.openai_frontend.pooling_schemas import RerankRequest
 
 PARAMS = {"query": "query", "passages": "documents", "text": "documents"}
 

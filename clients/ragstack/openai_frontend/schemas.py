@@ -9,7 +9,7 @@ sampling keys, which names the ones it does not know or implement (vLLM's guided
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -88,7 +88,7 @@ class Generation(BaseModel):
             if len(values) > limits.max_stop:
                 raise APIError(400, f"{name} has {len(values)} items; the limit is {limits.max_stop} (max_stop)", name)
         for i, stop in enumerate(stops):
-            _check_text(stop, f"stop[{i}]", limits)
+            check_text(stop, f"stop[{i}]", limits)
         for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ())):
             if len(ids) > limits.max_logit_bias:
                 raise APIError(400, f"{name} has {len(ids)} token ids; the limit is {limits.max_logit_bias} "
@@ -186,7 +186,7 @@ class CompletionRequest(Generation):
         for i, prompt in enumerate(prompts):
             param = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
             if isinstance(prompt, str):
-                _check_text(prompt, param, limits)
+                check_text(prompt, param, limits)
             elif not all(0 <= t < 1 << 31 for t in prompt):
                 raise APIError(400, f"{param}: token ids must be in [0, 2^31), got {min(prompt)} to {max(prompt)}",
                                param)
@@ -202,53 +202,7 @@ def _token_ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
 
-class EmbeddingRequest(Strict):
-    model: str
-    input: Any
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
-    user: str | None = None
-
-    def texts(self, limits: FrontendLimits) -> list[str]:
-        texts = [self.input] if isinstance(self.input, str) else self.input
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not "
-                                "supported)", "input")
-        if len(texts) > limits.max_embedding_inputs:
-            raise APIError(400, f"input has {len(texts)} items; the limit is {limits.max_embedding_inputs} "
-                                "(max_embedding_inputs)", "input")
-        for i, text in enumerate(texts):
-            _check_text(text, f"input[{i}]", limits)
-        return texts
-
-
-class Document(Strict):
-    text: str
-
-
-class RerankRequest(Strict):
-    model: str
-    query: str
-    documents: list[str | Document]
-    top_n: int | None = None
-    return_documents: bool = True
-
-    def texts(self, limits: FrontendLimits) -> list[str]:
-        if not self.documents:
-            raise APIError(400, "documents must hold at least one document", "documents")
-        if len(self.documents) > limits.max_rerank_documents:
-            raise APIError(400, f"documents has {len(self.documents)} items; the limit is "
-                                f"{limits.max_rerank_documents} (max_rerank_documents)", "documents")
-        if self.top_n is not None and self.top_n < 1:
-            raise APIError(400, f"top_n must be at least 1, got {self.top_n}", "top_n")
-        _check_text(self.query, "query", limits)
-        texts = [d if isinstance(d, str) else d.text for d in self.documents]
-        for i, text in enumerate(texts):
-            _check_text(text, f"documents[{i}]", limits)
-        return texts
-
-
-def _check_text(text: str, param: str, limits: FrontendLimits) -> None:
+def check_text(text: str, param: str, limits: FrontendLimits) -> None:
     if len(text) > limits.max_text_chars:
         raise APIError(400, f"{param} is {len(text)} characters; the limit is {limits.max_text_chars} "
                             "(max_text_chars)", param)
@@ -261,10 +215,10 @@ def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, 
             raise APIError(400, f"{param}.tool_calls: only assistant messages carry tool calls", f"{param}.tool_calls")
         out["tool_calls"] = tool_calls_message(message.tool_calls, f"{param}.tool_calls")
         for i, call in enumerate(out["tool_calls"]):
-            _check_text(json.dumps(call["function"]["arguments"]), f"{param}.tool_calls[{i}].function.arguments",
+            check_text(json.dumps(call["function"]["arguments"]), f"{param}.tool_calls[{i}].function.arguments",
                         limits)
     if message.tool_call_id is not None:
-        _check_text(message.tool_call_id, f"{param}.tool_call_id", limits)
+        check_text(message.tool_call_id, f"{param}.tool_call_id", limits)
         if message.role == "tool":
             out["tool_call_id"] = message.tool_call_id
     if message.content is None:
@@ -279,5 +233,5 @@ def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, 
                 raise APIError(400, f"{param}.content[{j}]: only text parts are supported (this model is not "
                                     f"multimodal), got type {part.type[:40]!r}", f"{param}.content[{j}]")
         content = "\n".join(part.text for part in message.content)
-    _check_text(content, f"{param}.content", limits)
+    check_text(content, f"{param}.content", limits)
     return {**out, "content": content}
