@@ -50,7 +50,8 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
             if value:
                 raise APIError(400, f"{name} are not available from model '{served.name}' (rag returns text and "
                                     "sources)", name)
-        for name, value in (("tools", body.tools), ("response_format", body.response_format)):
+        for name, value in (("tools", body.tools), ("response_format", body.response_format),
+                            ("chat_template_kwargs", body.template_kwargs())):
             if value is not None:
                 raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text "
                                     "and sources)", name)
@@ -66,11 +67,12 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
                    for i, s in enumerate(generation.seeded(sampling, body.n))]
         requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
                                                                           prompt_logprobs and i == 0,
-                                                                          tools.llm_tools(tool_plan)),
+                                                                          tools.llm_tools(tool_plan),
+                                                                          body.template_kwargs()),
                                        params, top_logprobs=top) for i, s in enumerate(choices)]
     usage = Usage(True, prompts=1, n=body.n)
-    answer = Answer(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name, usage,
-                    body.stream_options is not None and body.stream_options.include_usage, tool_plan, prompt_logprobs)
+    answer = Answer(f"chatcmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name, usage,
+                    *body.usage_chunks(), tool_plan, prompt_logprobs)
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
@@ -82,10 +84,11 @@ class Answer:
     tool-call reader (`tool_plan.reader()`): content and tool calls."""
 
     def __init__(self, completion_id: str, created: int, model: str, usage: Usage, usage_chunk: bool,
-                 tool_plan: ToolPlan | None = None, prompt_logprobs: bool = False):
-        """`prompt_logprobs`: the answer carries vLLM's `prompt_logprobs` field (the choices share the prompt)."""
-        self.head = {"id": completion_id, "created": created, "model": model}
-        self.usage, self.usage_chunk = usage, usage_chunk
+                 usage_always: bool = False, tool_plan: ToolPlan | None = None, prompt_logprobs: bool = False):
+        """`usage_chunk`: a last chunk with the usage; `usage_always`: the usage so far on every chunk too;
+        `prompt_logprobs`: the answer carries vLLM's `prompt_logprobs` field (the choices share the prompt)."""
+        self.head = {"id": completion_id, "created": created, "model": model, "system_fingerprint": None}
+        self.usage, self.usage_chunk, self.usage_always = usage, usage_chunk, usage_always
         self.tool_plan = tool_plan
         self.prompt_logprobs = prompt_logprobs
         self._started: set[int] = set()
@@ -95,7 +98,7 @@ class Answer:
         out = []
         for index, choice in enumerate(choices):
             self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
-            message = {"role": "assistant", "content": choice.text}
+            message = {"role": "assistant", "content": choice.text, "refusal": None}
             reason = choice.finish_reason
             if self.tool_plan is not None:
                 content, calls = collect(self.tool_plan.reader(), choice.text)
@@ -113,12 +116,18 @@ class Answer:
             answer["prompt_logprobs"] = vllm_prompt_logprobs(choices[0].prompt_logprobs or [])
         return answer
 
-    def piece(self, index: int, piece: Piece) -> dict | None:
+    def piece(self, index: int, piece: Piece) -> list[dict]:
+        """A choice's first piece is preceded by a chunk of its role alone (with rag's sources), as OpenAI
+        and vLLM start each choice."""
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
-        delta = {}
+        chunks = []
         if index not in self._started:
             self._started.add(index)
-            delta["role"] = "assistant"
+            start = {"role": "assistant", "content": ""}
+            if piece.sources is not None:
+                start["sources"] = piece.sources
+            chunks.append(self._chunk([{"index": index, "delta": start, "logprobs": None, "finish_reason": None}]))
+        delta = {}
         text, calls, reason = piece.text, [], piece.finish_reason
         if self.tool_plan is not None:
             reader = self._readers.setdefault(index, self.tool_plan.reader())
@@ -128,27 +137,23 @@ class Answer:
             text, calls = read.content, read.tool_calls
             if reason is not None and reader.calls:
                 reason = _finish_reason(reason)
-        if text or ("role" in delta and not calls):
+        if text:
             delta["content"] = text
-        elif "role" in delta:
-            delta["content"] = None
         if calls:
             delta["tool_calls"] = calls
-        if piece.sources is not None:
-            delta["sources"] = piece.sources
-        if not delta and reason is None and not piece.logprobs:
-            return None
-        return self._chunk([{"index": index, "delta": delta,
-                             "logprobs": {"content": chat_content(piece.logprobs)} if piece.logprobs else None,
-                             "finish_reason": reason}])
+        if delta or reason is not None or piece.logprobs:
+            chunks.append(self._chunk([{"index": index, "delta": delta, "finish_reason": reason,
+                                        "logprobs": {"content": chat_content(piece.logprobs)} if piece.logprobs
+                                        else None}]))
+        return chunks
 
     def end(self) -> list[dict]:
-        return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []
+        return [self._chunk([], last=True)] if self.usage_chunk else []
 
-    def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
+    def _chunk(self, choices: list[dict], last: bool = False) -> dict:
         chunk = {**self.head, "object": "chat.completion.chunk", "choices": choices}
         if self.usage_chunk:
-            chunk["usage"] = usage
+            chunk["usage"] = self.usage.as_dict() if last or self.usage_always else None
         return chunk
 
 

@@ -2,7 +2,8 @@
 ids; a list of prompts gives n choices each, prompt by prompt. `echo` puts the prompt before the answer
 (token ids decoded, by the llm: it scores the prompt for their text), and with `logprobs` its tokens'
 logprobs before the answer's, the first token's null (as OpenAI and vLLM answer lm-eval's loglikelihood
-requests). vLLM's `prompt_logprobs` N adds its field to each choice. `response_format` and vLLM's guided_*
+requests); with `max_tokens` 0 it answers the prompt alone (vLLM's and OpenAI's scoring form). vLLM's
+`prompt_logprobs` N adds its field to each choice. `response_format` and vLLM's guided_*
 keys constrain the output (structured.py)."""
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     requests = [generation.Request(served.name, llm_inputs(body, prompt, s, vllm_field), params,
                                    top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
-    answer = Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.name,
+    answer = Answer(f"cmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name,
                     [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo
                     else None,
-                    Usage(True, prompts=len(prompts), n=body.n),
-                    body.stream_options is not None and body.stream_options.include_usage, body.logprobs, vllm_field)
+                    Usage(True, prompts=len(prompts), n=body.n), *body.usage_chunks(), body.logprobs, vllm_field,
+                    body.echo_only())
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
@@ -69,17 +70,22 @@ class Answer:
     """The answer's JSON: whole, or chunk by chunk."""
 
     def __init__(self, completion_id: str, created: int, model: str, echoed: list[str | None] | None,
-                 usage: Usage, usage_chunk: bool, top_logprobs: int | None = None, prompt_logprobs: bool = False):
-        """`echoed`: per choice, the text prompt to put first (None: token ids, decoded by the llm); `top_logprobs`:
-        the request's `logprobs`; `prompt_logprobs`: each choice carries vLLM's field."""
-        self.head = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
-        self.echoed, self.usage, self.usage_chunk = echoed, usage, usage_chunk
-        self.top_logprobs, self.prompt_logprobs = top_logprobs, prompt_logprobs
+                 usage: Usage, usage_chunk: bool, usage_always: bool = False, top_logprobs: int | None = None,
+                 prompt_logprobs: bool = False, echo_only: bool = False):
+        """`echoed`: per choice, the text prompt to put first (None: token ids, decoded by the llm); `usage_chunk`:
+        a last chunk with the usage, `usage_always`: the usage so far on every chunk too; `top_logprobs`: the
+        request's `logprobs`; `prompt_logprobs`: each choice carries vLLM's field; `echo_only`: the generated
+        token is left out (echo with max_tokens 0)."""
+        self.head = {"id": completion_id, "object": "text_completion", "created": created, "model": model,
+                     "system_fingerprint": None}
+        self.echoed, self.usage, self.usage_chunk, self.usage_always = echoed, usage, usage_chunk, usage_always
+        self.top_logprobs, self.prompt_logprobs, self.echo_only = top_logprobs, prompt_logprobs, echo_only
         self._length: dict[int, int] = {}   # characters sent so far, per choice: where its next token starts
 
     def whole(self, choices: list[Piece]) -> dict:
         out = []
         for index, choice in enumerate(choices):
+            choice = self._shown(choice)
             self.usage.add(index, choice.prompt_tokens, choice.completion_tokens)
             echo, prompt_tokens = self._echo(index, choice)
             logprobs = None
@@ -91,7 +97,8 @@ class Answer:
                 out[-1]["prompt_logprobs"] = vllm_prompt_logprobs(choice.prompt_logprobs or [])
         return {**self.head, "choices": out, "usage": self.usage.as_dict()}
 
-    def piece(self, index: int, piece: Piece) -> dict | None:
+    def piece(self, index: int, piece: Piece) -> list[dict]:
+        piece = self._shown(piece)
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
         text, echoed = piece.text, []
         if index not in self._length:
@@ -100,11 +107,19 @@ class Answer:
         start = self._length.get(index, 0)
         self._length[index] = start + len(text)
         if not text and piece.finish_reason is None and not piece.logprobs and not echoed:
-            return None
+            return []
         logprobs = None
         if piece.logprobs is not None and (piece.logprobs or echoed):
             logprobs = completion_logprobs(piece.logprobs, start + len(text) - len(piece.text), echoed)
-        return self._chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": piece.finish_reason}])
+        return [self._chunk([{"index": index, "text": text, "logprobs": logprobs,
+                              "finish_reason": piece.finish_reason}])]
+
+    def _shown(self, piece: Piece) -> Piece:
+        """The piece as the answer shows it: with echo_only, without the generated token."""
+        if not self.echo_only:
+            return piece
+        return Piece(finish_reason="length" if piece.finish_reason else None, prompt_tokens=piece.prompt_tokens,
+                     logprobs=[] if piece.logprobs is not None else None, prompt_logprobs=piece.prompt_logprobs)
 
     def _echo(self, index: int, first: Piece) -> tuple[str, list[TokenLogprob]]:
         """The choice's echoed text and, with logprobs, its tokens (from the choice's first piece)."""
@@ -121,10 +136,10 @@ class Answer:
             tokens if self.top_logprobs is not None else [])
 
     def end(self) -> list[dict]:
-        return [self._chunk([], self.usage.as_dict())] if self.usage_chunk else []
+        return [self._chunk([], last=True)] if self.usage_chunk else []
 
-    def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
+    def _chunk(self, choices: list[dict], last: bool = False) -> dict:
         chunk = {**self.head, "choices": choices}
         if self.usage_chunk:
-            chunk["usage"] = usage
+            chunk["usage"] = self.usage.as_dict() if last or self.usage_always else None
         return chunk

@@ -21,6 +21,8 @@ _WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running
 # A key the llm names as unknown or not implemented: "unknown sampling parameter(s) ['foo']",
 # "sampling_parameters: 'best_of' is a vLLM sampling parameter this engine does not implement".
 _NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)'|^(?:sampling_parameters|parameters): '(\w+)'")
+# The llm's two refusals of a prompt and max_tokens past its context (llm_engine/engine/input_processor.py).
+_CONTEXT = re.compile(r"shorter than max_model_len=(\d+)|\(max_model_len=(\d+) minus")
 
 
 class APIError(Exception):
@@ -59,6 +61,10 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
         return APIError(404, message, "model", "model_not_found")
     if status != 400:
         return APIError(status, message, code=code.lower())
+    context = _CONTEXT.search(message)
+    if context:  # in OpenAI's words and code, which clients look for to shorten a conversation
+        return APIError(400, f"This model's maximum context length is {context.group(1) or context.group(2)} "
+                             f"tokens: {message}", _param(message, params or {}), "context_length_exceeded")
     return APIError(400, message, _param(message, params or {}))
 
 

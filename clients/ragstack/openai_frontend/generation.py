@@ -82,9 +82,11 @@ class Request:
 
 
 def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict, stream: bool, logprobs: bool,
-               prompt_logprobs: bool = False, tools: np.ndarray | None = None) -> dict:
+               prompt_logprobs: bool = False, tools: np.ndarray | None = None,
+               template_kwargs: dict | None = None) -> dict:
     """A text prompt, a prompt of token ids, or chat messages; `tools`: the llm's `tools` input (JSON of
-    OpenAI tools) for its chat template, with messages; `prompt_logprobs`: the prompt's scores too."""
+    OpenAI tools) for its chat template, with messages, and `template_kwargs` its chat_template_kwargs input;
+    `prompt_logprobs`: the prompt's scores too."""
     if isinstance(prompt_or_messages, str):
         inputs = {"text_input": t.text(prompt_or_messages)}
     elif isinstance(prompt_or_messages[0], int):
@@ -93,6 +95,8 @@ def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict,
         inputs = {"messages": t.text(json.dumps(prompt_or_messages))}
     if tools is not None:
         inputs["tools"] = tools
+    if template_kwargs is not None:
+        inputs["chat_template_kwargs"] = t.text(json.dumps(template_kwargs))
     inputs.update(stream=t.flag(stream), sampling_parameters=t.text(json.dumps(sampling)),
                   exclude_input_in_output=t.flag(True), return_finish_reason=t.flag(True),
                   return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True))

@@ -2,16 +2,17 @@
 their size checks. Types are strict (a string is not a number); the values' ranges are the llm's to
 check, so a request means the same here as through Triton's own doors.
 
-Chat and completions requests keep keys they do not declare (`model_extra`): they go to the llm as
+An explicit null means the field's default, as OpenAI's nullable fields do (the SDKs send null for a
+None). Chat and completions requests keep keys they do not declare (`model_extra`): they go to the llm as
 sampling keys, which names the ones it does not know or implement (vLLM's guided_* keys among them).
 `response_format` (structured.py) and the tools (tools.py) are checked where they are used.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
@@ -23,22 +24,40 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence
                  "skip_special_tokens", "logit_bias", "allowed_token_ids", "prompt_logprobs")
 # OpenAI's deprecated forms of tools: refused, pointing to tools.
 LEGACY = {"functions": "tools", "function_call": "tool_choice"}
-# OpenAI chat fields for what this server does not do: refused naming the field, not sent to the llm as
-# unknown sampling keys.
+# Chat fields (OpenAI's, vLLM's cache_salt) for what this server does not do: refused naming the field, not
+# sent to the llm as unknown sampling keys.
 NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's effort",
-              "verbosity": "a reasoning model's verbosity", "web_search_options": "web search"}
+              "verbosity": "a reasoning model's verbosity", "web_search_options": "web search",
+              "cache_salt": "prefix-cache isolation by salt"}
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
+# vLLM's fields served at one value only: (name, that value, why no other).
+FIFO = ("priority", 0, "the llm schedules first come, first served")
+TOKEN_TEXT = ("return_tokens_as_token_ids", False, "logprobs name tokens by their text")
 
 
-class Strict(BaseModel):
+class NullMeansDefault(BaseModel):
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_to_defaults(cls, data: Any) -> Any:
+        """A null given for a field that has a default other than null is that default."""
+        if not isinstance(data, dict):
+            return data
+        nulls = [name for name, field in cls.model_fields.items()
+                 if data.get(name, 0) is None and not field.is_required() and field.default is not None]
+        return {k: v for k, v in data.items() if k not in nulls} if nulls else data
+
+
+class Strict(NullMeansDefault):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False   # vLLM's: usage so far on every chunk (with include_usage)
+    include_obfuscation: bool | None = None   # OpenAI's padding against length side channels: none here
 
 
-class Generation(BaseModel):
+class Generation(NullMeansDefault):
     """What chat and completions requests share."""
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -65,11 +84,22 @@ class Generation(BaseModel):
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None   # vLLM's: the prompt's tokens scored, in a `prompt_logprobs` field
     response_format: Any = None   # structured.py
+    request_id: str | None = None   # vLLM's: the answer's id ends with it
+    priority: int = 0
+    return_tokens_as_token_ids: bool = False
+    FIXED: ClassVar[tuple] = (FIFO, TOKEN_TEXT)
 
     def sampling(self) -> dict[str, Any]:
         """The llm's sampling keys: those given, and the undeclared ones as they came."""
         values = {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
         return {**values, **(self.model_extra or {})}
+
+    def usage_chunks(self) -> tuple[bool, bool]:
+        """(a last chunk with the usage, the usage so far on every chunk): stream_options' include_usage,
+        and with it vLLM's continuous_usage_stats."""
+        options = self.stream_options
+        last = options is not None and options.include_usage
+        return last, last and options.continuous_usage_stats
 
     def returns_prompt_logprobs(self) -> bool:
         """vLLM's `prompt_logprobs` asked for: the answer carries them (not streamed, as in vLLM)."""
@@ -78,6 +108,12 @@ class Generation(BaseModel):
         return self.prompt_logprobs is not None
 
     def check_sizes(self, limits: FrontendLimits, choices: int, choices_param: str = "n") -> None:
+        for name, default, what in self.FIXED:
+            if getattr(self, name) != default:
+                raise APIError(400, f"{name}: only {json.dumps(default)} is supported ({what}), got "
+                                    f"{json.dumps(getattr(self, name))[:80]}", name)
+        if self.request_id is not None:
+            check_text(self.request_id, "request_id", limits)
         if self.n < 1:
             raise APIError(400, f"n must be at least 1, got {self.n}", "n")
         if choices > limits.max_choices:
@@ -108,7 +144,11 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class Message(Strict):
+class Message(NullMeansDefault):
+    # Keys beyond these (refusal, audio, annotations, reasoning_content: what OpenAI's and vLLM's answers
+    # carry when a client sends its history back) mean nothing to the chat template: ignored.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None           # accepted, as OpenAI does; the chat template does not take it
@@ -133,16 +173,40 @@ class ChatRequest(Generation):
     safety_identifier: str | None = None
     prediction: dict[str, Any] | None = None
     modalities: list[str] | None = None
+    # vLLM's: what reaches the chat template (the llm's chat_template_kwargs input), and request fields
+    # taken at the values that change nothing here.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = False
+    echo: bool = False
+    FIXED: ClassVar[tuple] = (("add_special_tokens", False, "the chat template writes the special tokens"),
+             ("echo", False, "a chat answer does not repeat the last message"), FIFO, TOKEN_TEXT)
 
     def sampling(self) -> dict[str, Any]:
         values = super().sampling()
         if self.max_completion_tokens is not None:
             values["max_tokens"] = self.max_completion_tokens
+        elif self.max_tokens is None:
+            values["max_tokens"] = None   # as OpenAI and vLLM: up to the context's end, not the llm's 16
         if self.logprobs:
             values["logprobs"] = self.top_logprobs or 0
-        elif self.top_logprobs is not None:
+        elif self.top_logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         return values
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The llm's chat_template_kwargs: vLLM's chat_template_kwargs with its own fields for the template
+        over them; None when all are at their defaults."""
+        values = dict(self.chat_template_kwargs or {})
+        if not self.add_generation_prompt:
+            values["add_generation_prompt"] = False
+        if self.continue_final_message:
+            values["continue_final_message"] = True
+        if self.documents is not None:
+            values["documents"] = self.documents
+        return values or None
 
     def chat(self, limits: FrontendLimits) -> list[dict[str, Any]]:
         """The messages as the llm takes them (role, content, tool_calls, tool_call_id), every size checked."""
@@ -155,6 +219,10 @@ class ChatRequest(Generation):
         for name, what in NOT_SERVED.items():
             if (self.model_extra or {}).get(name) is not None:
                 raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
+        if self.continue_final_message and self.add_generation_prompt:   # vLLM's rule, in its words
+            raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           "continue_final_message")
+        check_text(json.dumps(self.template_kwargs() or {}), "chat_template_kwargs", limits)
         if not self.messages:
             raise APIError(400, "messages must hold at least one message", "messages")
         if len(self.messages) > limits.max_messages:
@@ -168,11 +236,21 @@ class CompletionRequest(Generation):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True
+    FIXED: ClassVar[tuple] = (("add_special_tokens", True, "the llm encodes a text prompt with its special tokens"), FIFO,
+             TOKEN_TEXT)
+
+    def echo_only(self) -> bool:
+        """vLLM's and OpenAI's scoring form: echo with max_tokens 0 answers the prompt alone (one token is
+        generated and left out)."""
+        return self.echo and self.max_tokens == 0
 
     def sampling(self) -> dict[str, Any]:
         values = super().sampling()
         if self.logprobs is not None:
             values["logprobs"] = self.logprobs
+        if self.echo_only():
+            values["max_tokens"] = 1
         return values
 
     def prompts(self, limits: FrontendLimits) -> list[str | list[int]]:

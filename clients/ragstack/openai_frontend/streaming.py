@@ -22,8 +22,8 @@ DONE = b"data: [DONE]\n\n"
 
 
 class Chunks(Protocol):
-    def piece(self, index: int, piece: Piece) -> dict | None:
-        """The chunk for a choice's piece, None if it says nothing."""
+    def piece(self, index: int, piece: Piece) -> list[dict]:
+        """The chunks for a choice's piece, none if it says nothing."""
 
     def end(self) -> list[dict]:
         """Chunks after the last piece (usage)."""
@@ -71,11 +71,10 @@ async def _events(request: Request, first: list[tuple[int, Piece]], stream: Asyn
             async for batch in batches:
                 events = []
                 for index, piece in coalesced(batch):
-                    chunk = chunks.piece(index, piece)
-                    if chunk is not None:
-                        if piece.text:
-                            metrics.first_token(request)   # observed once, at the first
-                        events.append(event(chunk))
+                    said = chunks.piece(index, piece)
+                    if said and piece.text:
+                        metrics.first_token(request)   # observed once, at the first
+                    events += [event(chunk) for chunk in said]
                 if events:
                     yield b"".join(events)
         tail = b"".join(event(chunk) for chunk in chunks.end())

@@ -1,0 +1,156 @@
+"""What clients written for vLLM's and OpenAI's servers send beyond the basics, through the official
+`openai` package and raw HTTP against the session server's frontend: explicit nulls, vLLM's chat-template
+fields and fixed-value fields, continuous usage, history sent back with the answers' own keys, answers
+as long as the context allows, the context-length error's code, echo with max_tokens 0, and the chunks a
+streamed chat starts with."""
+from __future__ import annotations
+
+import json
+
+import httpx2 as httpx
+import pytest
+from openai import BadRequestError, OpenAI
+
+pytestmark = pytest.mark.server
+HELLO = [{"role": "user", "content": "Hello, who are you?"}]
+MAX_MODEL_LEN = 2048   # model_repository/llm/config.pbtxt
+
+
+@pytest.fixture(scope="module")
+def client(triton_server):
+    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.openai_url}{path}", json=body, timeout=120)
+
+
+def events(response: httpx.Response) -> list[dict]:
+    data = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def prompt_tokens(client, messages, **extra) -> int:
+    return client.chat.completions.create(model="llm", messages=messages, max_tokens=1,
+                                          extra_body=extra).usage.prompt_tokens
+
+
+def test_a_chat_without_max_tokens_answers_up_to_the_context_s_end(client):
+    """As OpenAI and vLLM: no max_tokens is the room the context leaves, not the llm's default of 16."""
+    def words(n: int) -> list[dict]:
+        return [{"role": "user", "content": "word " * n}]
+
+    hundred = prompt_tokens(client, words(100))
+    per_word = (prompt_tokens(client, words(200)) - hundred) / 100
+    messages = words(100 + int((MAX_MODEL_LEN - 60 - hundred) / per_word))   # some 60 tokens left to answer
+    used = prompt_tokens(client, messages)
+    answer = client.chat.completions.create(model="llm", messages=messages, extra_body={"ignore_eos": True})
+    assert answer.usage.completion_tokens == MAX_MODEL_LEN - used > 16
+    assert answer.choices[0].finish_reason == "length"
+
+
+def test_explicit_nulls_are_the_defaults(triton_server):
+    for path, body in (("/v1/chat/completions", {"messages": HELLO, "logprobs": None, "top_logprobs": None}),
+                       ("/v1/completions", {"prompt": "Hello", "echo": None, "logprobs": None})):
+        response = post(triton_server, path, {"model": "llm", "max_tokens": 2, "n": None, "stream": None,
+                                              "stream_options": None, "user": None, "seed": None, **body})
+        assert response.status_code == 200, response.text
+        assert len(response.json()["choices"]) == 1
+    streamed = post(triton_server, "/v1/completions", {"model": "llm", "prompt": "Hello", "max_tokens": 2,
+                                                       "stream": True, "stream_options": {"include_usage": None}})
+    assert streamed.status_code == 200 and all("usage" not in chunk for chunk in events(streamed))
+
+
+def test_vllm_s_chat_template_fields_reach_the_template(client):
+    with_prompt = prompt_tokens(client, HELLO)
+    without = prompt_tokens(client, HELLO, add_generation_prompt=False)
+    assert without < with_prompt   # the assistant turn's opening is left out
+    prefix = [*HELLO, {"role": "assistant", "content": "I am"}]
+    continued = prompt_tokens(client, prefix, add_generation_prompt=False, continue_final_message=True)
+    closed = prompt_tokens(client, prefix, add_generation_prompt=False)
+    assert continued < closed   # the last message is left open: no end of turn after it
+    assert prompt_tokens(client, HELLO, chat_template_kwargs={"enable_thinking": False}) == with_prompt
+    with pytest.raises(BadRequestError) as both:
+        prompt_tokens(client, prefix, continue_final_message=True)
+    assert both.value.body["param"] == "continue_final_message" and "Cannot set both" in both.value.message
+
+
+@pytest.mark.parametrize("field,value", [("priority", 1), ("add_special_tokens", True), ("echo", True),
+                                         ("return_tokens_as_token_ids", True), ("cache_salt", "x")])
+def test_vllm_s_fields_at_other_values_than_served_are_refused_by_name(client, field, value):
+    with pytest.raises(BadRequestError) as refused:
+        prompt_tokens(client, HELLO, **{field: value})
+    assert refused.value.body["param"] == field and field in refused.value.message
+
+
+def test_vllm_s_fields_at_their_defaults_and_request_id(client):
+    answer = client.chat.completions.create(
+        model="llm", messages=HELLO, max_tokens=2,
+        extra_body={"priority": 0, "add_special_tokens": False, "echo": False, "request_id": "abc-1",
+                    "include_stop_str_in_output": False, "spaces_between_special_tokens": True,
+                    "use_beam_search": False, "length_penalty": 1.0})
+    assert answer.id == "chatcmpl-abc-1" and answer.choices[0].message.content is not None
+    completion = client.completions.create(model="llm", prompt="Hello", max_tokens=2,
+                                           extra_body={"add_special_tokens": True, "request_id": "abc-2"})
+    assert completion.id == "cmpl-abc-2"
+
+
+def test_history_sent_back_with_the_answers_own_keys_is_taken(client):
+    history = [*HELLO, {"role": "assistant", "content": "Hi.", "refusal": None, "audio": None,
+                        "annotations": [], "reasoning_content": "greet"}, {"role": "user", "content": "And?"}]
+    plain = [*HELLO, {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "And?"}]
+    assert prompt_tokens(client, history) == prompt_tokens(client, plain)
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(triton_server):
+    response = post(triton_server, "/v1/chat/completions", {
+        "model": "llm", "messages": HELLO, "max_tokens": 5, "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}})
+    chunks = events(response)
+    counts = [chunk["usage"]["completion_tokens"] for chunk in chunks]
+    assert counts == sorted(counts) and counts[-1] == 5 and not chunks[-1]["choices"]
+    assert all(chunk["usage"]["prompt_tokens"] > 0 for chunk in chunks)
+
+
+def test_a_streamed_chat_starts_each_choice_with_its_role_alone(triton_server):
+    chunks = events(post(triton_server, "/v1/chat/completions",
+                         {"model": "llm", "messages": HELLO, "max_tokens": 3, "n": 2, "stream": True}))
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""} and mine[0]["finish_reason"] is None
+        assert all("role" not in c["delta"] for c in mine[1:]) and mine[-1]["finish_reason"] == "length"
+    assert all(c["system_fingerprint"] is None and c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_a_prompt_past_the_context_is_context_length_exceeded(client):
+    for extra in ({"messages": [{"role": "user", "content": "word " * 3000}]},
+                  {"messages": HELLO, "max_tokens": MAX_MODEL_LEN}):
+        with pytest.raises(BadRequestError) as refused:
+            client.chat.completions.create(model="llm", **extra)
+        assert refused.value.code == "context_length_exceeded"
+        assert f"maximum context length is {MAX_MODEL_LEN} tokens" in refused.value.message
+
+
+def test_top_logprobs_0_without_logprobs_is_off(client):
+    answer = client.chat.completions.create(model="llm", messages=HELLO, max_tokens=2, top_logprobs=0)
+    assert answer.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_answers_the_prompt_with_its_scores(client, stream):
+    prompt = "The capital of France is"
+    scored = client.completions.create(model="llm", prompt=prompt, echo=True, logprobs=1, max_tokens=1)
+    if stream:
+        chunks = list(client.completions.create(model="llm", prompt=prompt, echo=True, logprobs=1, max_tokens=0,
+                                                stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        reason, usage = [c.choices[0].finish_reason for c in chunks if c.choices][-1], chunks[-1].usage
+    else:
+        answer = client.completions.create(model="llm", prompt=prompt, echo=True, logprobs=1, max_tokens=0)
+        text, tokens = answer.choices[0].text, answer.choices[0].logprobs.tokens
+        reason, usage = answer.choices[0].finish_reason, answer.usage
+    assert text == prompt and reason == "length" and usage.completion_tokens == 0
+    assert tokens == scored.choices[0].logprobs.tokens[:len(tokens)] and len(tokens) == usage.prompt_tokens
