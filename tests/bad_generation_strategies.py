@@ -15,9 +15,12 @@ from bad_input_strategies import FINITE, INT64, _not_utf8
 from llm_engine.sampling_params import SamplingParams
 
 # Keys the llm reads: SamplingParams' fields and vLLM's that map onto them (n and best_of of 1, structured
-# output's own keys: test_llm_structured_output.py).
+# output's own keys: test_llm_structured_output.py; vLLM's keys it passes at their no-op default, such as
+# length_penalty 1: tests/unit/test_sampling_values.py).
 KNOWN = sorted({f.name for f in dataclasses.fields(SamplingParams)} | {
-    "n", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend"})
+    "n", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "use_beam_search", "length_penalty", "early_stopping", "include_stop_str_in_output",
+    "spaces_between_special_tokens", "bad_words", "detokenize", "guided_whitespace_pattern"})
 NUMERIC = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
            "frequency_penalty", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"]
 BOOLEAN = ["ignore_eos", "skip_special_tokens"]

@@ -2,18 +2,20 @@
 
 Tensor names, dtypes and semantics follow vllm_backend (and TensorRT-LLM's `max_tokens`) so their
 clients work unchanged; `messages` (chat) and `prompt_token_ids` (a prompt already tokenized, as vLLM's
-TokensPrompt) are this project's own. Sampling values are read as vLLM
+TokensPrompt) are this project's own, as are `tools` and `chat_template_kwargs` (vLLM's
+chat request's template arguments, chat_template_kwargs.py). Sampling values are read as vLLM
 reads them (sampling_values.py). Every error names the tensor (or sampling key), the value and the
 limit; the caller answers INVALID_ARG.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 import strict_json
+from chat_template_kwargs import parse_template_kwargs
 from chat_tools import TEMPLATE_INFO_KEY, Invalid, parse_messages, parse_tools
 from sampling_values import SamplingValueError, coerce
 
@@ -27,6 +29,7 @@ INPUTS = [
     {"name": "prompt_token_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
     {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "tools", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "chat_template_kwargs", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "image", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
     {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
     {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
@@ -69,6 +72,8 @@ class LLMRequest:
     errors_in_band: bool = False           # ERRORS_IN_BAND: errors go out as the `error` output
     tools: list[dict[str, Any]] | None = None  # OpenAI tools for the chat template (chat_tools.py)
     prompt_token_ids: list[int] | None = None  # the prompt as token ids, used as they are
+    # Tokenizer.apply_chat_template's keyword arguments for `messages` (chat_template_kwargs.py); none: its defaults
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
@@ -118,11 +123,20 @@ def _json(text: str, name: str) -> Any:
         raise InvalidRequest(f"input '{name}' {exc}") from None
 
 
-def _parse_chat(text: str, name: str, parse: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _parse_chat(text: str, name: str, parse: Callable[[Any], Any]) -> Any:
     try:
         return parse(_json(text, name))
     except Invalid as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+def _template_kwargs(raw: bytes | None, messages: list[dict[str, Any]] | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if messages is None:
+        raise InvalidRequest("input 'chat_template_kwargs' needs 'messages': the chat template renders them")
+    return _parse_chat(_utf8(raw, "chat_template_kwargs", MAX_JSON_BYTES), "chat_template_kwargs",
+                       lambda value: parse_template_kwargs(value, messages))
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str,
@@ -148,6 +162,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
         raise InvalidRequest("input 'tools' needs 'messages': the chat template renders them")
     tools = _parse_chat(_utf8(raw_tools, "tools", max_prompt_bytes), "tools", parse_tools) \
         if raw_tools is not None else None
+    template_kwargs = _template_kwargs(_scalar(get, "chat_template_kwargs", bytes), messages)
     if prompt is not None and not prompt:
         raise InvalidRequest("input 'text_input' is empty")
 
@@ -178,7 +193,8 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     if stream and exclude is False:  # vllm_backend's rule, in its words
         raise InvalidRequest("When streaming, `exclude_input_in_output` = False is not allowed.")
     return LLMRequest(
-        prompt=prompt, messages=messages, tools=tools, prompt_token_ids=token_ids, stream=stream, sampling=sampling,
+        prompt=prompt, messages=messages, tools=tools, chat_template_kwargs=template_kwargs,
+        prompt_token_ids=token_ids, stream=stream, sampling=sampling,
         # As vllm_backend: a streamed answer never repeats the prompt; a single answer does unless told.
         exclude_input_in_output=True if stream else bool(exclude),
         returns=frozenset(name for name in RETURNS if _scalar(get, name, bool)),

@@ -179,8 +179,8 @@ class TritonPythonModel:
         request_id = uuid.uuid4().hex
         try:
             engine = self.supervisor.engine()
-            prompt = (self.tokenizer.apply_chat_template(req.messages, tools=req.tools) if req.messages is not None
-                      else req.prompt if req.prompt is not None else req.prompt_token_ids)
+            prompt = (self.tokenizer.apply_chat_template(req.messages, tools=req.tools, **req.chat_template_kwargs)
+                      if req.messages is not None else req.prompt if req.prompt is not None else req.prompt_token_ids)
             sampling = req.sampling
             if req.returns & {"return_cumulative_logprob", "return_logprobs"} and sampling.get("logprobs") is None:
                 sampling = {**sampling, "logprobs": 0}  # the tokens' own logprobs, for those outputs

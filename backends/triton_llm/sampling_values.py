@@ -27,6 +27,11 @@ _UNSUPPORTED = {
     "detokenize": "detokenize",
     "guided_whitespace_pattern": "a whitespace pattern (structured output is compact JSON)",
 }
+# vLLM's default of each, which asks for what this engine does anyway: that value (or null) passes and is
+# dropped, as clients that send every key at its default (vLLM's own request models) expect.
+_NO_OP_DEFAULTS = {"best_of": 1, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False,
+                   "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "bad_words": [],
+                   "detokenize": True, "guided_whitespace_pattern": None}
 # vLLM's guided-decoding keys, each a field of its `structured_outputs` object (`structural_tag` is the
 # request key vLLM had beside the guided_* ones, for the same field).
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
@@ -55,7 +60,7 @@ def coerce(params: dict[str, Any], source: str) -> dict[str, Any]:
         if key == "lora_name":
             raise SamplingValueError("LoRA feature is not enabled.")  # vllm_backend's words
         if key in _UNSUPPORTED:
-            if key == "best_of" and value in (1, "1", None):
+            if _is_no_op_default(source, key, value):
                 continue
             raise SamplingValueError(f"{source}: '{key}' is a vLLM sampling parameter this engine does not "
                                      f"implement ({_UNSUPPORTED[key]})")
@@ -71,6 +76,19 @@ def coerce(params: dict[str, Any], source: str) -> dict[str, Any]:
     if structured:
         out["structured_outputs"] = structured  # SamplingParams checks it holds exactly one constraint
     return out
+
+
+def _is_no_op_default(source: str, key: str, value: Any) -> bool:
+    """Whether `value`, read as vLLM reads its kind ("false", "1.0", "[]" included), is the key's vLLM default."""
+    default = _NO_OP_DEFAULTS[key]
+    if value is None or default is None:
+        return value is None
+    read = {bool: _flag, int: _integer, float: _number}.get(type(default))
+    try:
+        value = read(source, key, value) if read else _list(source, key, value, str)
+    except SamplingValueError:
+        return False  # no value of the key's kind: refused as any other value it does not implement
+    return value == default
 
 
 def _structured(source: str, key: str, value: Any, into: dict[str, Any]) -> None:

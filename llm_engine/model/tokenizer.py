@@ -58,17 +58,25 @@ class Tokenizer:
         return self.hf_tokenizer.clean_up_tokenization(text)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = True, tools: list[dict] | None = None) -> list[int] | str:
+                            tokenize: bool = True, tools: list[dict] | None = None,
+                            continue_final_message: bool = False, documents: list[dict] | None = None,
+                            **variables) -> list[int] | str:
         """Render messages with the folder's chat template -> prompt token ids (or the text).
 
-        `tools` (OpenAI's tool objects) go to the template, which renders them its own way (or not).
+        `tools` (OpenAI's tool objects) and `documents` go to the template, which renders them its own way
+        (or not); `continue_final_message` leaves the last message open (no end of turn) for the model to
+        continue; `variables` are the template's own (e.g. `enable_thinking`), as vLLM's chat_template_kwargs.
         The text is encoded without special tokens: the template already wrote them (e.g. BOS).
         """
         if not self.hf_tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)")
         try:
-            text = self.hf_tokenizer.apply_chat_template(messages, tools=tools or None,
-                                                         add_generation_prompt=add_generation_prompt, tokenize=False)
+            text = self.hf_tokenizer.apply_chat_template(
+                messages, tools=tools or None, documents=documents, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tokenize=False, **variables)
         except (TemplateError, TypeError) as exc:  # its raise_exception() (roles out of order), a value it cannot add
             raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
+        except ValueError as exc:  # transformers' own checks: e.g. a continued message the template does not show
+            first = (str(exc).splitlines() or [""])[0]  # its later lines repeat the whole rendered chat
+            raise ValueError(f"messages: the model's chat template refused them: {first[:300]}") from None
         return self.encode(text, add_special_tokens=False) if tokenize else text

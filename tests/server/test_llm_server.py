@@ -121,6 +121,30 @@ def test_chat_messages_use_the_chat_template(server):
     assert not c.errors and c.finals == 1 and c.finish_reasons == ["length"]
 
 
+def test_chat_template_kwargs_reach_the_template_and_bad_ones_are_refused_naming_the_key(server):
+    chat = [{"role": "user", "content": "hi"}]
+
+    def input_tokens(kwargs):
+        extra = {"return_num_input_tokens": (True, "BOOL")}
+        if kwargs is not None:
+            extra["chat_template_kwargs"] = (json.dumps(kwargs).encode(), "BYTES")
+        c = generate(server.grpc_url, None, messages=chat, stream=False, extra=extra)
+        assert not c.errors and c.finals == 1 and c.finish_reasons == ["length"], c.errors
+        return int(c.results[-1].as_numpy("num_input_tokens")[0])
+
+    turn = "<|im_start|>user\nhi<|im_end|>\n"
+    assert input_tokens(None) == len(tiny_llm_ids(turn + "<|im_start|>assistant\n"))
+    assert input_tokens({"add_generation_prompt": False}) == len(tiny_llm_ids(turn))
+
+    refused = generate(server.grpc_url, None, messages=chat,
+                       extra={"chat_template_kwargs": (b'{"tokenize": false}', "BYTES")})
+    assert refused.finals == 1 and len(refused.errors) == 1, refused.errors
+    assert "input 'chat_template_kwargs' key 'tokenize' is an argument of apply_chat_template" in refused.errors[0]
+    status, text = http_post(server.http_url, "/v2/models/llm/generate", {
+        "messages": json.dumps(chat), "chat_template_kwargs": '{"tokenize": false}', "parameters": GREEDY})
+    assert status == 400 and "key 'tokenize'" in text, (status, text)
+
+
 def test_http_generate_and_parameters_fallback(server):
     status, body = http_post(server.http_url, "/v2/models/llm/generate",
                              {"text_input": "Hello there", "stream": False, "exclude_input_in_output": True,
