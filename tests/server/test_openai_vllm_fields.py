@@ -71,9 +71,10 @@ def test_vllm_s_chat_template_fields_reach_the_template(client):
     continued = prompt_tokens(client, prefix, add_generation_prompt=False, continue_final_message=True)
     closed = prompt_tokens(client, prefix, add_generation_prompt=False)
     assert continued < closed   # the last message is left open: no end of turn after it
+    assert prompt_tokens(client, prefix, continue_final_message=True) == continued   # no generation prompt then
     assert prompt_tokens(client, HELLO, chat_template_kwargs={"enable_thinking": False}) == with_prompt
     with pytest.raises(BadRequestError) as both:
-        prompt_tokens(client, prefix, continue_final_message=True)
+        prompt_tokens(client, prefix, continue_final_message=True, add_generation_prompt=True)
     assert both.value.body["param"] == "continue_final_message" and "Cannot set both" in both.value.message
 
 

@@ -175,7 +175,7 @@ class ChatRequest(Generation):
     modalities: list[str] | None = None
     # vLLM's: what reaches the chat template (the llm's chat_template_kwargs input), and request fields
     # taken at the values that change nothing here.
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = None   # default true; false when continue_final_message (the llm's rule)
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
@@ -200,8 +200,8 @@ class ChatRequest(Generation):
         """The llm's chat_template_kwargs: vLLM's chat_template_kwargs with its own fields for the template
         over them; None when all are at their defaults."""
         values = dict(self.chat_template_kwargs or {})
-        if not self.add_generation_prompt:
-            values["add_generation_prompt"] = False
+        if self.add_generation_prompt is not None:
+            values["add_generation_prompt"] = self.add_generation_prompt
         if self.continue_final_message:
             values["continue_final_message"] = True
         if self.documents is not None:
@@ -219,7 +219,7 @@ class ChatRequest(Generation):
         for name, what in NOT_SERVED.items():
             if (self.model_extra or {}).get(name) is not None:
                 raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
-        if self.continue_final_message and self.add_generation_prompt:   # vLLM's rule, in its words
+        if self.continue_final_message and self.add_generation_prompt:   # both given: vLLM's rule, in its words
             raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                            "continue_final_message")
         check_text(json.dumps(self.template_kwargs() or {}), "chat_template_kwargs", limits)
