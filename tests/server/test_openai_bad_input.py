@@ -61,6 +61,11 @@ TOOLS = st.one_of(JSON.filter(lambda v: v is not None), st.lists(st.fixed_dictio
 TOOL_CHOICES = st.one_of(JSON, st.sampled_from(["none", "auto", "required", "sometimes"]),
                          st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
                              {"name": st.one_of(JSON, st.just("f"))})}))
+# The vendor fields embeddings and rerank declare, each only with values they refuse (null means the default).
+NOT_INT = JSON.filter(lambda v: v is not None and (isinstance(v, bool) or not isinstance(v, int)))
+NOT_TRUE = JSON.filter(lambda v: v is not None and v is not True)
+POOLING = {"truncate_prompt_tokens": st.one_of(st.integers(-10**6, 0).filter(lambda v: v != -1), NOT_INT),
+           "priority": st.one_of(st.integers(-5, 5).filter(bool), NOT_INT)}
 SHARED = {"model": MODELS, "stream": JSON, "stream_options": JSON, "n": st.one_of(JSON, st.integers(-5, 100)),
           "user": JSON, "response_format": RESPONSE_FORMATS, **BAD_VALUES}
 FIELDS = {
@@ -69,17 +74,23 @@ FIELDS = {
                              "tools": TOOLS, "tool_choice": TOOL_CHOICES, "parallel_tool_calls": JSON},
     "/v1/completions": {**SHARED, "tools": TOOLS, "prompt": TEXTS, "echo": JSON, "suffix": JSON, "best_of": st.integers(-3, 5),
                         "logprobs": st.one_of(JSON, st.integers(-5, 50))},
-    "/v1/embeddings": {"model": MODELS, "input": TEXTS, "encoding_format": JSON, "dimensions": JSON, "user": JSON},
+    "/v1/embeddings": {"model": MODELS, "input": TEXTS, "encoding_format": JSON, "dimensions": JSON, "user": JSON,
+                       **POOLING, "normalize": NOT_TRUE, "add_special_tokens": NOT_TRUE,
+                       "request_id": JSON.filter(lambda v: v is not None and not isinstance(v, str))},
     "/v1/rerank": {"model": MODELS, "query": st.one_of(JSON, st.just(""), st.integers(16385, 20000).map("q".__mul__)),
                    "documents": st.one_of(TEXTS, st.lists(st.fixed_dictionaries({"text": JSON}), max_size=2)),
-                   "top_n": JSON, "return_documents": JSON},
+                   "top_n": JSON.filter(lambda v: v != 0), "return_documents": JSON.filter(lambda v: v is not None),
+                   **POOLING, "user": JSON.filter(lambda v: v is not None and not isinstance(v, str)),
+                   "max_tokens_per_doc": st.one_of(st.integers(-5, 0), NOT_INT),
+                   "rank_fields": JSON.filter(lambda v: v not in (None, ["text"]))},
 }
 
 
 def bodies(path: str) -> st.SearchStrategy[bytes]:
     valid, fields = VALID[path], FIELDS[path]
     one_field = st.sampled_from(sorted(fields)).flatmap(lambda k: fields[k].map(lambda v: {**valid, k: v}))
-    unknown_key = st.tuples(st.from_regex(r"\A[a-z][a-z_]{0,12}\Z"), JSON).map(lambda kv: {**valid, kv[0]: kv[1]})
+    unknown_key = st.tuples(st.from_regex(r"\A[a-z][a-z_]{0,12}\Z").filter(lambda k: k not in fields), JSON).map(
+        lambda kv: {**valid, kv[0]: kv[1]})
     missing = st.sampled_from(sorted(valid)).map(lambda k: {n: v for n, v in valid.items() if n != k})
     as_json = st.one_of(one_field, unknown_key, missing, JSON).map(lambda b: json.dumps(b).encode())
     return st.one_of(as_json, st.binary(max_size=40), st.integers(33, 2000).map(lambda d: b"[" * d + b"]" * d))

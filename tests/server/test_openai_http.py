@@ -87,10 +87,14 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/completions", {"model": "llm", "prompt": [[1, -2]]}, 400, "prompt", "token ids must be in [0, 2^31), got -2"),
     ("/v1/completions", {"model": "llm", "prompt": [1, 99999]}, 400, "prompt", "prompt token ids must be in [0, "),
     ("/v1/embeddings", {"model": "embed", "input": "x", "dimensions": 128}, 400, "dimensions", "384-dimensional"),
-    ("/v1/embeddings", {"model": "embed", "input": ["ok", "  "]}, 400, "input", "empty"),
+    ("/v1/embeddings", {"model": "embed", "input": ["ok", "  "]}, 400, "input[1]", "input[1] is empty"),
     ("/v1/embeddings", {"model": "embed", "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": []}, 400, "documents", "at least one"),
-    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "top_n": 0}, 400, "top_n", "at least 1"),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "top_n": -1}, 400, "top_n", "at least 0"),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a", ""]}, 400, "documents[1]",
+     "documents[1] is empty"),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "return_urls": True}, 400, "return_urls",
+     "'return_urls' is not supported by this endpoint"),
 ])
 def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
     generates = path in ("/v1/chat/completions", "/v1/completions")

@@ -21,7 +21,7 @@ from ragstack.openai_frontend.errors import APIError, model_not_found
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.guard import Guard
 from ragstack.openai_frontend.limits import FrontendLimits
-from ragstack.openai_frontend.rerank import rerank
+from ragstack.openai_frontend.rerank import rerank, rerank_v2
 from ragstack.openai_frontend.triton import Triton
 
 log = logging.getLogger("ragstack.openai_frontend")
@@ -54,6 +54,7 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
 
     for path in ("/v1/rerank", "/rerank"):
         route(path, rerank)
+    route("/v2/rerank", rerank_v2)   # Cohere v2's
     route("/v1/chat/completions", chat_completions)
     route("/v1/completions", completions)
     route("/v1/embeddings", embeddings)
@@ -75,7 +76,7 @@ async def get_model(request: Request, frontend: Frontend) -> JSONResponse:
     config = await frontend.triton.config(name)
     if config is None or models.kind_of(config) is None:
         raise model_not_found(name)
-    return JSONResponse(models.model_object(name))
+    return JSONResponse(models.model_object(name, config))
 
 
 async def load_model(request: Request, frontend: Frontend) -> JSONResponse:

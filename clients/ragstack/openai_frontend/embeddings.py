@@ -1,22 +1,21 @@
 """`POST /v1/embeddings` through an embed model (the `embed` ensemble): texts in batches of
 `embed_batch` (its tokenizer's max_texts), vectors as floats or base64 (little-endian float32), and
-`usage` as the model's tokenizer counts (tokens.py)."""
+`usage` as the model's tokenizer counts (tokens.py). An input longer than the model reads is refused,
+as OpenAI and vLLM refuse it, unless vLLM's `truncate_prompt_tokens` asks for it to be cut."""
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ragstack.openai_frontend import metrics, models, tokens
+from ragstack.openai_frontend import metrics, models, pooling
 from ragstack.openai_frontend import triton as t
-from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.frontend import Frontend
-from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.pooling_schemas import EmbeddingRequest
+from ragstack.openai_frontend.request_body import parse
 
 PARAMS = {"text": "input"}   # what the model's messages name -> the request's field
 
@@ -29,19 +28,15 @@ async def embeddings(request: Request, frontend: Frontend) -> JSONResponse:
     if body.dimensions is not None and body.dimensions != served.dimensions:
         raise APIError(400, f"dimensions: model '{served.name}' makes {served.dimensions}-dimensional embeddings "
                             f"and cannot shorten them; got {body.dimensions}", "dimensions")
+    pooling.check_texts([(f"input[{i}]", text) for i, text in enumerate(texts)], served.name,
+                        await pooling.max_text_bytes(frontend.triton, served.name))
     size = frontend.limits.embed_batch
     batches = [{"text": t.texts(texts[i:i + size])} for i in range(0, len(texts), size)]
-
-    async def embed(inputs: dict) -> tuple[np.ndarray, int]:
-        outputs, count = await asyncio.gather(frontend.triton.infer(served.name, inputs, PARAMS),
-                                              tokens.count(frontend.triton, served.name, inputs, PARAMS))
-        return outputs["embedding"], count
-
-    done = await unless_gone(request, asyncio.gather(*(embed(b) for b in batches)))
-    vectors = np.concatenate([v for v, _ in done]).astype("<f4")
-    used = sum(c for _, c in done)
+    ran = await pooling.run(request, frontend.triton, served.name, batches, PARAMS)
+    pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"input[{i}]", must_ask=True)
+    vectors = np.concatenate([o["embedding"] for o in ran.outputs]).astype("<f4")
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.tobytes()).decode() if body.encoding_format == "base64" else v.tolist()}
             for i, v in enumerate(vectors)]
     return JSONResponse({"object": "list", "data": data, "model": served.name,
-                         "usage": {"prompt_tokens": used, "total_tokens": used}})
+                         "usage": {"prompt_tokens": ran.used(), "total_tokens": ran.used()}})

@@ -41,7 +41,8 @@ TTFT = Histogram("ragstack_openai_time_to_first_token_seconds", "Arrival to a st
 IN_FLIGHT = Gauge("ragstack_openai_requests_in_flight", "Requests being answered now", ("endpoint",),
                   registry=REGISTRY, multiprocess_mode="livesum")
 # The endpoint label: the API's paths, anything else as "other".
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/models")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
+             "/v1/models")
 
 
 def endpoint_of(path: str) -> str:

@@ -59,9 +59,14 @@ async def listing(triton: Triton) -> list[dict]:
     for name in names:
         config = await triton.config(name)
         if config is not None and kind_of(config) is not None:
-            found.append(model_object(name))
+            found.append(model_object(name, config))
     return found
 
 
-def model_object(name: str) -> dict:
-    return {"id": name, "object": "model", "created": CREATED, "owned_by": "ragstack"}
+def model_object(name: str, config: dict | None = None) -> dict:
+    """OpenAI's model object, with vLLM's `root`, `parent`, `permission` and, where the model's config has
+    one (an llm's), `max_model_len`: clients size their context by it."""
+    found = {"id": name, "object": "model", "created": CREATED, "owned_by": "ragstack", "root": name,
+             "parent": None, "permission": []}
+    length = (config or {}).get("parameters", {}).get("max_model_len", {}).get("string_value", "")
+    return {**found, "max_model_len": int(length)} if length.isdigit() else found

@@ -1,26 +1,74 @@
 """The embeddings and rerank request bodies, as OpenAI (embeddings) and vLLM, Jina and Cohere (rerank) define
-them, and their size checks."""
+them, and their size checks.
+
+Vendor fields these servers take are declared: those that change nothing here are accepted, those asking
+for something this server does not do are refused naming the field (only the values meaning the default
+pass). Any other field is refused as unsupported (OpenAI refuses unknown fields on embeddings)."""
 from __future__ import annotations
 
 from typing import Any, Literal
+
+from pydantic import model_validator
 
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.openai_frontend.schemas import Strict, check_text
 
+IDS_HINT = ("token ids are not supported (LangChain's OpenAIEmbeddings sends tiktoken ids: pass "
+            "check_embedding_ctx_length=False)")
 
-class EmbeddingRequest(Strict):
+
+class Pooling(Strict):
+    # vLLM's: -1, or a count >= the model's limit, cut a longer text there (rerank cuts without being asked;
+    # embeddings refuse a longer input without it: embeddings.py)
+    truncate_prompt_tokens: int | None = None
+    priority: int | None = None   # vLLM's scheduling priority: none here
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        for key in data if isinstance(data, dict) else ():
+            if key not in cls.model_fields:
+                raise APIError(400, f"'{key[:100]}' is not supported by this endpoint", key[:100])
+        return data
+
+    @model_validator(mode="after")
+    def _supported(self) -> Pooling:
+        if self.priority not in (None, 0):
+            raise APIError(400, f"priority: requests here have no priorities; only 0 is accepted, got "
+                                f"{self.priority}", "priority")
+        cut = self.truncate_prompt_tokens
+        if cut is not None and cut != -1 and cut < 1:
+            raise APIError(400, "truncate_prompt_tokens must be -1 (cut at the model's limit) or at least 1, "
+                                f"got {cut}", "truncate_prompt_tokens")
+        return self
+
+
+class EmbeddingRequest(Pooling):
     model: str
     input: Any
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    normalize: bool | None = None
+    add_special_tokens: bool | None = None
+    request_id: str | None = None   # vLLM's; accepted, not used
+
+    @model_validator(mode="after")
+    def _as_served(self) -> EmbeddingRequest:
+        if self.normalize is False:
+            raise APIError(400, "normalize: false is not supported; the vectors come as the model computes them "
+                                "(the bundled embedder's are L2-normalised)", "normalize")
+        if self.add_special_tokens is False:
+            raise APIError(400, "add_special_tokens: false is not supported; the model's tokenizer always adds "
+                                "them", "add_special_tokens")
+        return self
 
     def texts(self, limits: FrontendLimits) -> list[str]:
         texts = [self.input] if isinstance(self.input, str) else self.input
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not "
-                                "supported)", "input")
+            hint = f"; {IDS_HINT}" if _token_ids(self.input) else ""
+            raise APIError(400, f"input must be a string or a non-empty list of strings{hint}", "input")
         if len(texts) > limits.max_embedding_inputs:
             raise APIError(400, f"input has {len(texts)} items; the limit is {limits.max_embedding_inputs} "
                                 "(max_embedding_inputs)", "input")
@@ -29,16 +77,27 @@ class EmbeddingRequest(Strict):
         return texts
 
 
-class Document(Strict):
-    text: str
-
-
-class RerankRequest(Strict):
+class RerankRequest(Pooling):
     model: str
     query: str
-    documents: list[str | Document]
+    documents: list[Any]   # strings or objects with a `text` (Cohere's and Jina's; other keys ignored)
     top_n: int | None = None
-    return_documents: bool = True
+    return_documents: bool | None = None   # None: the endpoint's default (rerank.py)
+    user: str | None = None
+    max_tokens_per_doc: int | None = None   # Cohere's; documents are cut at the model's limit
+    rank_fields: list[str] | None = None   # Cohere v1's; only the text is ranked
+
+    @model_validator(mode="after")
+    def _as_served(self) -> RerankRequest:
+        if self.max_tokens_per_doc is not None and self.max_tokens_per_doc < 1:
+            raise APIError(400, f"max_tokens_per_doc must be at least 1, got {self.max_tokens_per_doc}",
+                           "max_tokens_per_doc")
+        if self.rank_fields not in (None, ["text"]):
+            raise APIError(400, f"rank_fields: only [\"text\"] is supported, got {str(self.rank_fields)[:100]}",
+                           "rank_fields")
+        if self.top_n is not None and self.top_n < 0:
+            raise APIError(400, f"top_n must be at least 0 (0 or null: every document), got {self.top_n}", "top_n")
+        return self
 
     def texts(self, limits: FrontendLimits) -> list[str]:
         if not self.documents:
@@ -46,10 +105,29 @@ class RerankRequest(Strict):
         if len(self.documents) > limits.max_rerank_documents:
             raise APIError(400, f"documents has {len(self.documents)} items; the limit is "
                                 f"{limits.max_rerank_documents} (max_rerank_documents)", "documents")
-        if self.top_n is not None and self.top_n < 1:
-            raise APIError(400, f"top_n must be at least 1, got {self.top_n}", "top_n")
         check_text(self.query, "query", limits)
-        texts = [d if isinstance(d, str) else d.text for d in self.documents]
+        texts = [_document_text(d, f"documents[{i}]") for i, d in enumerate(self.documents)]
         for i, text in enumerate(texts):
             check_text(text, f"documents[{i}]", limits)
         return texts
+
+
+def _document_text(document: Any, param: str) -> str:
+    if isinstance(document, str):
+        return document
+    if not isinstance(document, dict):
+        raise APIError(400, f"{param} must be a string or an object with a string 'text', got "
+                            f"{type(document).__name__}", param)
+    if "text" not in document:
+        raise APIError(400, f"{param} has no 'text'; a document is a string or an object with a string 'text'",
+                       f"{param}.text")
+    if not isinstance(document["text"], str):
+        raise APIError(400, f"{param}.text must be a string, got {type(document['text']).__name__}", f"{param}.text")
+    return document["text"]
+
+
+def _token_ids(value: Any) -> bool:
+    """OpenAI's other input forms: a list of ids or a list of such lists."""
+    def ids(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+    return ids(value) or (isinstance(value, list) and bool(value) and all(ids(v) for v in value))

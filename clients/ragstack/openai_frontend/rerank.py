@@ -1,44 +1,53 @@
-"""`POST /v1/rerank` (and `/rerank`), in the shape vLLM and the Jina and Cohere rerank APIs share:
-`query`, `documents` (strings or {"text"}), `top_n`, `return_documents` in; `results` with `index`,
-`relevance_score` (the reranker's score, best first) and `document` out. Documents go to a rerank
-model (the `rerank` ensemble) in batches of `rerank_batch`."""
+"""`POST /v1/rerank` (and `/rerank`, `/v2/rerank`), in the shape vLLM and the Jina and Cohere rerank APIs
+share: `query`, `documents` (strings or {"text"}), `top_n` (0 or null: all), `return_documents` in;
+`results` with `index`, `relevance_score` (the reranker's score, best first) and `document`, Cohere's
+`meta` out. Documents go to a rerank model (the `rerank` ensemble) in batches of `rerank_batch`, each cut
+at the model's limit without a word, as Cohere and Jina do."""
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ragstack.openai_frontend import metrics, models, tokens
+from ragstack.openai_frontend import metrics, models, pooling
 from ragstack.openai_frontend import triton as t
-from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.frontend import Frontend
-from ragstack.openai_frontend.request_body import parse
 from ragstack.openai_frontend.pooling_schemas import RerankRequest
+from ragstack.openai_frontend.request_body import parse
 
 PARAMS = {"query": "query", "passages": "documents", "text": "documents"}
 
 
 async def rerank(request: Request, frontend: Frontend) -> JSONResponse:
+    """vLLM's and Jina's `/v1/rerank` and `/rerank`, Cohere v1's: documents returned unless asked not to."""
+    return await _rerank(request, frontend, version="1", documents=True)
+
+
+async def rerank_v2(request: Request, frontend: Frontend) -> JSONResponse:
+    """Cohere v2's `/v2/rerank`: no documents unless asked for."""
+    return await _rerank(request, frontend, version="2", documents=False)
+
+
+async def _rerank(request: Request, frontend: Frontend, version: str, documents: bool) -> JSONResponse:
     body = await parse(request, RerankRequest, frontend.limits)
     served = await models.served(frontend.triton, body.model, "rerank")
     metrics.served_model(request, served.name)
     texts = body.texts(frontend.limits)
+    pooling.check_texts([("query", body.query), *((f"documents[{i}]", text) for i, text in enumerate(texts))],
+                        served.name, await pooling.max_text_bytes(frontend.triton, served.name))
     size = frontend.limits.rerank_batch
     batches = [{"query": t.text(body.query), "passages": t.texts(texts[i:i + size])}
                for i in range(0, len(texts), size)]
-
-    async def score(inputs: dict) -> tuple[np.ndarray, int]:
-        outputs, count = await asyncio.gather(frontend.triton.infer(served.name, inputs, PARAMS),
-                                              tokens.count(frontend.triton, served.name, inputs, PARAMS))
-        return outputs["scores"].reshape(-1), count
-
-    done = await unless_gone(request, asyncio.gather(*(score(b) for b in batches)))
-    scores = np.concatenate([s for s, _ in done])
-    order = sorted(range(len(texts)), key=lambda i: -scores[i])[:body.top_n]
+    ran = await pooling.run(request, frontend.triton, served.name, batches, PARAMS)
+    pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"documents[{i}] with the query",
+                      must_ask=False)
+    scores = np.concatenate([o["scores"].reshape(-1) for o in ran.outputs])
+    order = sorted(range(len(texts)), key=lambda i: -scores[i])[:body.top_n or None]
+    returned = documents if body.return_documents is None else body.return_documents
     results = [{"index": i, "relevance_score": float(scores[i]),
-                **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
+                **({"document": {"text": texts[i]}} if returned else {})} for i in order]
     return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": served.name, "results": results,
-                         "usage": {"total_tokens": sum(c for _, c in done)}})
+                         "usage": {"total_tokens": ran.used()},
+                         "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
