@@ -1,10 +1,11 @@
 """What clients written for vLLM's and OpenAI's servers send beyond the basics, through the official
 `openai` package and raw HTTP against the session server's frontend: explicit nulls, vLLM's chat-template
 fields and fixed-value fields, continuous usage, history sent back with the answers' own keys, answers
-as long as the context allows, the context-length error's code, echo with max_tokens 0, and the chunks a
-streamed chat starts with."""
+as long as the context allows, the context-length error's code, echo with max_tokens 0, the chunks a
+streamed chat starts with, and vLLM's /ping and /version."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import httpx2 as httpx
@@ -155,3 +156,10 @@ def test_echo_with_max_tokens_0_answers_the_prompt_with_its_scores(client, strea
         reason, usage = answer.choices[0].finish_reason, answer.usage
     assert text == prompt and reason == "length" and usage.completion_tokens == 0
     assert tokens == scored.choices[0].logprobs.tokens[:len(tokens)] and len(tokens) == usage.prompt_tokens
+
+
+def test_vllm_s_ping_and_version_answer_without_a_key(triton_server):
+    assert httpx.get(f"{triton_server.openai_url}/version", timeout=10).json() == {
+        "version": importlib.metadata.version("ragstack")}
+    for method in ("GET", "POST"):
+        assert httpx.request(method, f"{triton_server.openai_url}/ping", timeout=10).json() == {"status": "ok"}

@@ -3,11 +3,13 @@ requests in flight) and the metrics around them. Triton is reached over gRPC fro
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import sys
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -40,7 +42,9 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     app = FastAPI(title="ragstack OpenAI-compatible API", lifespan=lifespan, openapi_url=None, docs_url=None,
                   redoc_url=None)
     app.add_middleware(Guard, max_inflight=limits.max_inflight, api_key=api_key)
-    app.add_middleware(metrics.Metrics)   # outermost: it sees the guard's refusals too
+    app.add_middleware(metrics.Metrics)   # it sees the guard's refusals too
+    if limits.origins():   # outermost: a browser's preflight carries no key, and every answer needs the headers
+        app.add_middleware(CORSMiddleware, allow_origins=limits.origins(), allow_methods=["*"], allow_headers=["*"])
     app.add_exception_handler(APIError, lambda _request, exc: exc.response())
     for gone in (ClientGone, ClientDisconnect):   # before its answer; or while it sent its body
         app.add_exception_handler(gone, lambda _request, _exc: Response(status_code=CLIENT_CLOSED))
@@ -63,6 +67,8 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     route("/v1/models/{model_id}/load", load_model)
     route("/v1/models/{model_id}/unload", unload_model)
     route("/health", health, ("GET",))
+    route("/ping", health, ("GET", "POST"))   # vLLM's (SageMaker's health check)
+    route("/version", version, ("GET",))
     app.add_api_route("/metrics", metrics.exposition, methods=["GET"], include_in_schema=False)
     return app
 
@@ -104,6 +110,10 @@ async def health(_request: Request, frontend: Frontend) -> JSONResponse:
     if await frontend.triton.ready():
         return JSONResponse({"status": "ok"})
     return APIError(503, f"tritonserver at {frontend.triton.address} is not ready", code="unavailable").response()
+
+
+async def version(_request: Request, _frontend: Frontend) -> JSONResponse:
+    return JSONResponse({"version": importlib.metadata.version("ragstack")})
 
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -1,5 +1,6 @@
 """ASGI middleware in front of the API: the API key, then the bound on requests served at once
-(max_inflight: past it 503 with Retry-After). Health and metrics stay open, as Triton's do."""
+(max_inflight: past it 503 with Retry-After). Health (and vLLM's /ping), the version and the metrics stay
+open, as Triton's do."""
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -7,7 +8,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ragstack.openai_frontend import keys
 from ragstack.openai_frontend.errors import APIError
 
-OPEN = ("/health", "/metrics")
+OPEN = ("/health", "/ping", "/version", "/metrics")
 
 
 class Guard:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field, fields
 
 
@@ -34,6 +35,9 @@ class FrontendLimits:
     # The embed and rerank tokenizers' max_texts: larger requests are sent in batches of this size.
     embed_batch: int = _knob(32, "texts per request to the embed ensemble")
     rerank_batch: int = _knob(64, "documents per request to the rerank ensemble")
+    # Browsers ask before a page of another origin may call the API (CORS); none is let by default.
+    allowed_origins: str = _knob("", "comma-separated origins whose web pages may call the API (CORS), e.g. "
+                                 "https://app.example.com, or * for any; empty: none")
     # Processes serving the API on one port (one event loop each: one streams at most about 10,000 chunks/s on
     # a 2 GHz core, benchmarks/bench_openai_frontend.py); their /metrics add up (prometheus_client's
     # multiprocess mode).
@@ -50,8 +54,17 @@ class FrontendLimits:
             if choices is not None:
                 if value not in choices:
                     raise ValueError(f"OpenAI frontend setting {knob.name} must be one of {list(choices)}, got {value!r}")
+            elif isinstance(value, str):
+                continue
             elif not value > 0:
                 raise ValueError(f"OpenAI frontend limit {knob.name} must be > 0, got {value!r}")
+        for origin in self.origins():
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"OpenAI frontend setting allowed_origins: {origin!r} is not * nor an origin such "
+                                 "as https://app.example.com (scheme and host, no path)")
+
+    def origins(self) -> list[str]:
+        return [origin.strip() for origin in self.allowed_origins.split(",") if origin.strip()]
 
     def to_args(self) -> list[str]:
         return [arg for knob in fields(self) for arg in (_flag(knob.name), str(getattr(self, knob.name)))]
