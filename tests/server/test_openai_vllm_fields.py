@@ -163,3 +163,17 @@ def test_vllm_s_ping_and_version_answer_without_a_key(triton_server):
         "version": importlib.metadata.version("ragstack")}
     for method in ("GET", "POST"):
         assert httpx.request(method, f"{triton_server.openai_url}/ping", timeout=10).json() == {"status": "ok"}
+
+
+def test_without_a_model_the_one_that_serves_the_endpoint_answers(triton_server, client):
+    served = {m.id for m in client.models.list()}
+    llms = sorted(name for name in served if name.startswith("llm"))
+    response = post(triton_server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+    if len(llms) == 1:
+        assert response.status_code == 200 and response.json()["model"] == llms[0]
+    else:   # several llms: none is guessed
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "model"
+        assert f"{len(llms)} models serve completions" in error["message"] and all(n in error["message"] for n in llms)
+    embedded = post(triton_server, "/v1/embeddings", {"input": "Hello"})
+    assert embedded.status_code == 200 and embedded.json()["model"] == "embed"

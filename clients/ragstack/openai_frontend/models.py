@@ -41,8 +41,11 @@ def kind_of(config: dict) -> Served | None:
     return None
 
 
-async def served(triton: Triton, model: str, endpoint: str) -> Served:
-    """The model, if it is loaded and serves `endpoint`; else 404 (no such model) or 400 (another kind)."""
+async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
+    """The model, if it is loaded and serves `endpoint`; else 404 (no such model) or 400 (another kind).
+    None: the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one model."""
+    if model is None:
+        model = await _only_model(triton, endpoint)
     config = await triton.config(model)
     found = kind_of(config) if config is not None else None
     if found is None:
@@ -52,14 +55,29 @@ async def served(triton: Triton, model: str, endpoint: str) -> Served:
     return found
 
 
+async def _only_model(triton: Triton, endpoint: str) -> str:
+    serving = [found for found, _ in await _loaded(triton) if endpoint in ENDPOINTS[found.kind]]
+    candidates = [found.name for found in ([f for f in serving if f.kind == "llm"] or serving)]
+    if len(candidates) != 1:
+        raise APIError(400, f"model is missing, and {len(candidates)} models serve {endpoint}"
+                            f"{': ' + ', '.join(candidates[:20]) if candidates else ''}; name one", "model")
+    return candidates[0]
+
+
 async def listing(triton: Triton) -> list[dict]:
     """The ready models the API serves, as OpenAI's model objects."""
+    return [model_object(found.name, config) for found, config in await _loaded(triton)]
+
+
+async def _loaded(triton: Triton) -> list[tuple[Served, dict]]:
+    """The ready models the API serves, with their configs."""
     names = sorted({m["name"] for m in await triton.index() if m.get("state") == "READY"})
     found = []
     for name in names:
         config = await triton.config(name)
-        if config is not None and kind_of(config) is not None:
-            found.append(model_object(name, config))
+        kind = kind_of(config) if config is not None else None
+        if kind is not None:
+            found.append((kind, config))
     return found
 
 

@@ -45,7 +45,7 @@ class Pooling(Strict):
 
 
 class EmbeddingRequest(Pooling):
-    model: str
+    model: str | None = None   # vLLM's rule: none given, the one model that serves the endpoint
     input: Any
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
@@ -78,7 +78,7 @@ class EmbeddingRequest(Pooling):
 
 
 class RerankRequest(Pooling):
-    model: str
+    model: str | None = None   # vLLM's rule: none given, the one model that serves the endpoint
     query: str
     documents: list[Any]   # strings or objects with a `text` (Cohere's and Jina's; other keys ignored)
     top_n: int | None = None

@@ -21,7 +21,8 @@ from ragstack.openai_frontend.tools import tool_calls_message
 # Sampling keys the llm takes under their OpenAI / vLLM names.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
                  "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-                 "skip_special_tokens", "logit_bias", "allowed_token_ids", "prompt_logprobs")
+                 "skip_special_tokens", "logit_bias", "allowed_token_ids", "prompt_logprobs",
+                 "include_stop_str_in_output")
 # OpenAI's deprecated forms of tools: refused, pointing to tools.
 LEGACY = {"functions": "tools", "function_call": "tool_choice"}
 # Chat fields (OpenAI's, vLLM's cache_salt) for what this server does not do: refused naming the field, not
@@ -61,7 +62,7 @@ class Generation(NullMeansDefault):
     """What chat and completions requests share."""
     model_config = ConfigDict(strict=True, extra="allow")
 
-    model: str
+    model: str | None = None   # vLLM's rule: none given, the one model that serves the endpoint
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -80,6 +81,7 @@ class Generation(NullMeansDefault):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None   # vLLM's: the stop string stays at the text's end
     logit_bias: dict[str, float] | None = None   # token id (JSON's string key) -> bias; the llm reads the ids
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None   # vLLM's: the prompt's tokens scored, in a `prompt_logprobs` field
