@@ -34,6 +34,9 @@ class RequestDelta:
     # SamplingParams.prompt_logprobs, on the request's first delta: per prompt token, None for the first.
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[TopLogprobs | None] | None = None
+    # vLLM's stop_reason, with finish_reason "stop": the stop string or stop_token_ids id that ended the
+    # output; None for the eos (and while running, and for every other finish_reason)
+    stop_reason: int | str | None = None
 
     @property
     def finished(self) -> bool:
@@ -48,7 +51,7 @@ class RequestDelta:
         return RequestDelta(self.request_id, earlier.text + self.text, earlier.token_ids + self.token_ids, logprobs,
                             top, earlier.token_times + self.token_times, self.finish_reason, self.error,
                             self.first_scheduled_time, self.finished_time, self.num_cached_tokens,
-                            first.prompt_logprobs, first.prompt_top_logprobs)
+                            first.prompt_logprobs, first.prompt_top_logprobs, self.stop_reason)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs: per prompt token (None for the first), from the first output on
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[TopLogprobs | None] | None = None
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it (RequestDelta's)
 
     @property
     def finished(self) -> bool:

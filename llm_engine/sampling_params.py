@@ -120,6 +120,8 @@ class SamplingParams:
     `logit_bias` adds its value (OpenAI's -100 to 100) to its token id's logit before the penalties;
     JSON's string keys ("50256") are read as ids. `allowed_token_ids` restricts every pick to those ids.
     `truncate_prompt_tokens` k keeps the prompt's last k tokens (-1: max_model_len of them), as vLLM does.
+    `include_stop_str_in_output` keeps the stop string that ended the output at its end (and, as vLLM's v1
+    detokenizer, the text of a stop token, which a special token such as the eos mostly lacks).
     """
 
     temperature: float = 1.0
@@ -142,6 +144,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -237,7 +240,7 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.prompt_logprobs is not None and not 0 <= integer("prompt_logprobs") <= MAX_LOGPROBS:
             raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -207,6 +207,7 @@ class Scheduler:
                 seq.output_top_logprobs.append(top_logprobs[row])
             got.append(seq)
             if self._is_stop(seq):
+                seq.stop_reason = None if self._is_eos(seq) else seq.token_ids[-1]  # as vLLM: the eos has none
                 if seq.is_finished:  # ended by its length limit in advance: a stop token is the reason
                     seq.finish_reason = "stop"
                 else:
@@ -214,10 +215,11 @@ class Scheduler:
         return got
 
     def _is_stop(self, seq: Sequence) -> bool:
-        params = seq.sampling_params
-        token = seq.token_ids[-1]
-        return seq.num_output_tokens >= params.min_tokens and (
-            (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids)
+        return seq.num_output_tokens >= seq.sampling_params.min_tokens and (
+            self._is_eos(seq) or seq.token_ids[-1] in seq.sampling_params.stop_token_ids)
+
+    def _is_eos(self, seq: Sequence) -> bool:
+        return not seq.sampling_params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids
 
     def _at_length_limit(self, seq: Sequence) -> bool:
         max_tokens = seq.sampling_params.max_tokens

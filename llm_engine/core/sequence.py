@@ -43,6 +43,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop", "length", "abort"
+    # vLLM's stop_reason, with finish_reason "stop": the stop string or stop_token_ids id that ended it;
+    # None for the eos (and a finished grammar)
+    stop_reason: int | str | None = None
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[Any] = field(default_factory=list)  # outputs.TopLogprobs, with output_logprobs
     # SamplingParams.prompt_logprobs: those of prompt tokens 1, 2, ... as far as scored, and the first

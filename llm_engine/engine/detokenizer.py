@@ -11,6 +11,9 @@ A tokenizer whose decode also cleans up the text (`cleans_up`: transformers' " .
 " ' " -> "'", ...) is decoded raw, and the clean-up runs on raw text up to the last character
 that appears in none of its patterns: the clean-up only deletes spaces, so such a character stays
 and no pattern ever spans it, and the text before it cleans up alone. The rest waits.
+
+With `include_stop_str_in_output` (vLLM's) the text is cut just after the stop string instead, and nothing
+is held back: what could begin a stop string is shown either way.
 """
 from __future__ import annotations
 
@@ -25,24 +28,30 @@ class IncrementalDetokenizer:
     """Feed each generated token with `add_token`, then `emit` the text that is safe to show.
 
     Text that could be the start of a stop string is held back until it is known not to be one;
-    when a stop string appears, the text is cut just before it and `stopped` becomes True.
+    when a stop string appears, the text is cut just before it (just after it with
+    `include_stop_str_in_output`) and `stop_string` names it.
     """
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str] = (),
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, include_stop_str_in_output: bool = False) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._ids = list(prompt_token_ids[-_INITIAL_CONTEXT:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._stop = list(stop)
+        self._include_stop = include_stop_str_in_output
         self._cleans_up = tokenizer.cleans_up
         self._raw_pending = ""  # raw text not yet cleaned up (cleans_up tokenizers)
         self._check_stop = True  # the last add_token's: the final flush checks stop strings as it did
         self._stop_floor = 0     # text before this came below min_tokens: a stop string must end past it
         self._text = ""       # decoded output text (cut at the stop string once one is found)
         self._emitted = 0     # chars of _text already returned by emit()
-        self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
 
     @property
     def has_stop_strings(self) -> bool:
@@ -78,8 +87,10 @@ class IncrementalDetokenizer:
 
     def _stop_search_start(self, stop: str, start: int) -> int:
         """Where to look for `stop` in text that grew from `start`: it may straddle that boundary
-        with earlier, not yet emitted, text, but not end at or before the min_tokens floor."""
-        return max(self._emitted, start - len(stop) + 1, self._stop_floor - len(stop) + 1)
+        with earlier, not yet emitted, text, but not end at or before the min_tokens floor. (Text emitted
+        is known to begin no stop string, unless include_stop_str_in_output showed it without holding back.)"""
+        shown = 0 if self._include_stop else self._emitted
+        return max(shown, start - len(stop) + 1, self._stop_floor - len(stop) + 1)
 
     def add_tokens(self, token_ids: list[int]) -> None:
         """Decode several tokens in one window: the text add_token would give one by one (decode
@@ -136,14 +147,14 @@ class IncrementalDetokenizer:
         for s in self._stop:
             i = self._text.find(s, self._stop_search_start(s, start))
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, self.stop_string = i, s
         if cut != -1:
-            self._text = self._text[:cut]
-            self.stopped = True
+            self._text = self._text[:cut + len(self.stop_string) if self._include_stop else cut]
 
     def _stop_prefix_len(self) -> int:
-        """Length of the longest tail of the text that begins some stop string."""
-        if self.stopped:
+        """Length of the longest tail of the text that begins some stop string (none to hold back once
+        stopped, or when the stop string is shown anyway)."""
+        if self.stopped or self._include_stop:
             return 0
         text = self._text
         longest = 0

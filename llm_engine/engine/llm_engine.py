@@ -127,7 +127,8 @@ class LLMEngine:
         """The serving state of a validated request (safe from any thread)."""
         ids, params = request.prompt_token_ids, request.sampling_params
         seq = Sequence(token_ids=list(ids), sampling_params=params, request_id=request.request_id)
-        detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens,
+                                       params.include_stop_str_in_output)
         stats = RequestStats(arrival_time=request.arrival_time, num_prompt_tokens=len(ids))
         return RequestState(request.request_id, seq, detok, stats)
 
@@ -340,12 +341,14 @@ class LLMEngine:
             req.num_deferred += 1
             return False
         self._detokenize_deferred(req)
-        # An eos / stop token ends the text without being part of it (as vLLM).
-        if seq.finish_reason != "stop":
+        # An eos / stop token ends the text without being part of it, unless include_stop_str_in_output
+        # (as vLLM's v1 detokenizer; a stop string in its text is then the reason, as there).
+        if seq.finish_reason != "stop" or params.include_stop_str_in_output:
             req.detokenizer.add_token(seq.token_ids[-1], check_stop=seq.num_output_tokens >= params.min_tokens,
                                       last=seq.is_finished)
             if req.detokenizer.stopped:
-                if seq.is_finished:  # hit max_tokens on the very token that completed the stop string
+                seq.stop_reason = req.detokenizer.stop_string
+                if seq.is_finished:  # hit max_tokens (or a stop token) on the very token that completed it
                     seq.finish_reason = "stop"
                 else:
                     self.scheduler.finish(seq, "stop")
@@ -384,7 +387,8 @@ class LLMEngine:
             prompt, prompt_top = [None, *seq.prompt_logprobs], [None, *seq.prompt_top_logprobs]
         return RequestDelta(req.request_id, text, out_ids[sent:], logprobs, top, stats.token_times[sent:],
                             seq.finish_reason if finished else None, error, stats.first_scheduled_time,
-                            stats.finished_time, seq.num_cached_tokens, prompt, prompt_top)
+                            stats.finished_time, seq.num_cached_tokens, prompt, prompt_top,
+                            seq.stop_reason)
 
     def _assemble(self, deltas: list[RequestDelta]) -> list[RequestOutput]:
         outputs = []

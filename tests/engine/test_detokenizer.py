@@ -74,6 +74,30 @@ def test_stop_strings_are_ignored_below_min_tokens(tok):
     assert not d.stopped and "".join(deltas) + d.emit(finished=True) == "a STOP b"
 
 
+def test_the_stop_string_that_ended_the_text_is_named(tok):
+    _, d = feed(tok, "one, two. three", stop=[".", ","])
+    assert d.stop_string == ","
+    _, d = feed(tok, "no stop here", stop=["."])
+    assert not d.stopped and d.stop_string is None
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_holds_nothing_back(tok):
+    """As vLLM: the text ends with the stop string; what could begin one is shown as it comes (it is
+    shown either way), and a stop string begun in text already shown still ends it."""
+    deltas, d = feed(tok, "hello STOP world", stop=["STOP"], include_stop_str_in_output=True)
+    assert deltas == list("hello STOP") and d.text == "hello STOP" and d.stop_string == "STOP"
+    assert d.emit(finished=True) == ""
+    deltas, d = feed(tok, "ab ST", stop=["STOP"], include_stop_str_in_output=True)
+    assert "".join(deltas) == "ab ST" and not d.stopped
+
+
+def test_include_stop_str_in_output_with_several_stop_strings_and_below_min_tokens(tok):
+    _, d = feed(tok, "one, two. three", stop=[".", ","], include_stop_str_in_output=True)
+    assert d.text == "one," and d.stop_string == ","
+    deltas, d = feed(tok, "a STOP b", stop=["STOP"], check_stop=False, include_stop_str_in_output=True)
+    assert not d.stopped and "".join(deltas) + d.emit(finished=True) == "a STOP b"
+
+
 def test_special_tokens_are_skipped_or_kept(tok):
     ids = tok.encode("hi") + [tok.eos_token_ids[0]] + tok.encode("!")
     deltas, _ = feed(tok, ids)
@@ -143,6 +167,22 @@ def test_a_clean_up_tokenizer_still_cuts_at_stop_strings(cleanup_tokenizer_dir):
         if d.stopped:
             break
     assert d.stopped and text + d.emit(finished=True) == " b. "
+
+
+@pytest.mark.parametrize("include, text", [(False, " b"), (True, " bn'")])
+def test_a_stop_string_inside_a_token_cuts_before_it_or_just_after_it(cleanup_tokenizer_dir, include, text):
+    """The token "n't" holds the stop string "n'": with include_stop_str_in_output the text keeps it,
+    and the rest of the token ("t") goes."""
+    tok = Tokenizer(cleanup_tokenizer_dir)
+    d = IncrementalDetokenizer(tok, tok.encode("a", add_special_tokens=False), stop=["n'"],
+                               include_stop_str_in_output=include)
+    shown = ""
+    for word in ("b", "n't", "c"):
+        d.add_token(CLEANUP_WORDS.index(word))
+        shown += d.emit()
+        if d.stopped:
+            break
+    assert d.stop_string == "n'" and shown + d.emit(finished=True) == text == d.text
 
 
 def test_a_clean_up_tokenizer_finds_a_stop_string_in_text_held_for_the_clean_up(cleanup_tokenizer_dir):

@@ -85,6 +85,49 @@ def test_stop_string_on_the_last_allowed_token_reports_stop(fake_engine):
     assert out.finish_reason == "stop" and out.text == "bc"
 
 
+def test_stop_reason_names_the_stop_string_or_stop_token(fake_engine):
+    """vLLM's stop_reason: the stop string or the stop_token_ids id that ended the output, None for the
+    eos and max_tokens; include_stop_str_in_output keeps the stop string (and a stop token's text)."""
+    engine = fake_engine()
+    requests = {  # request id: (prompt, params, text, stop_reason)
+        "string": ("a", dict(stop=["zz", "ef"]), "bcd", "ef"),
+        "string_kept": ("a", dict(stop=["zz", "ef"], include_stop_str_in_output=True), "bcdef", "ef"),
+        "token": ("a", dict(stop_token_ids=[ord("e")]), "bcd", ord("e")),
+        "token_kept": ("a", dict(stop_token_ids=[ord("e")], include_stop_str_in_output=True), "bcde", ord("e")),
+        # the stop token's text, decoded with include_stop_str_in_output, holds a stop string: that is the reason
+        "token_string": ("a", dict(stop_token_ids=[ord("e")], stop=["de"], include_stop_str_in_output=True),
+                         "bcde", "de"),
+        "token_at_max_tokens": ("a", dict(stop_token_ids=[ord("e")], max_tokens=4), "bcd", ord("e")),
+        "string_at_max_tokens": ("a", dict(stop=["d"], max_tokens=3), "bc", "d"),
+        "eos": ("x", dict(stop=["zz"]), "yz", None),
+        "eos_kept": ("x", dict(include_stop_str_in_output=True), "yz", None),   # a special token: no text
+        "eos_shown": ("x", dict(include_stop_str_in_output=True, skip_special_tokens=False), "yz</s>", None),
+        "length": ("a", dict(stop=["zz"], max_tokens=3), "bcd", None),
+        # "c" comes below min_tokens, where stop strings do not apply: "f" ends it
+        "min_tokens": ("a", dict(stop=["c", "f"], min_tokens=3), "bcde", "f"),
+        "min_tokens_kept": ("a", dict(stop=["c", "f"], min_tokens=3, include_stop_str_in_output=True), "bcdef", "f"),
+    }
+    for rid, (prompt, params, _, _) in requests.items():
+        engine.add_request(rid, prompt, SamplingParams(**{"max_tokens": 10, **params}, **GREEDY))
+    outs = drain(engine)
+    for rid, (_, _, text, reason) in requests.items():
+        last = final(outs, rid)
+        assert (last.text, last.stop_reason) == (text, reason), rid
+        assert last.finish_reason == ("length" if rid == "length" else "stop"), rid
+        assert "".join(o.delta_text for o in outs[rid]) == text, rid
+        assert all(o.stop_reason is None for o in outs[rid][:-1]), rid
+
+
+def test_include_stop_str_in_output_streams_what_could_begin_a_stop_string_at_once(fake_engine):
+    engine = fake_engine()
+    engine.add_request("held", "a", SamplingParams(max_tokens=10, stop=["def"], **GREEDY))
+    engine.add_request("shown", "a", SamplingParams(max_tokens=10, stop=["def"], include_stop_str_in_output=True,
+                                                    **GREEDY))
+    outs = drain(engine)
+    assert [o.text for o in outs["held"]] == ["b", "bc", "bc", "bc", "bc"]
+    assert [o.text for o in outs["shown"]] == ["b", "bc", "bcd", "bcde", "bcdef"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompt=""), "prompt must not be empty"),
     (dict(prompt=[]), "prompt must not be empty"),
@@ -148,8 +191,8 @@ def test_final_only_requests_report_once_with_the_streamed_result(fake_engine):
         results[final_only] = drain(engine)
     for rid in FINAL_ONLY_CASES:
         streamed, once = final(results[False], rid), final(results[True], rid)
-        assert (once.text, once.token_ids, once.finish_reason) == \
-            (streamed.text, streamed.token_ids, streamed.finish_reason), rid
+        assert (once.text, once.token_ids, once.finish_reason, once.stop_reason) == \
+            (streamed.text, streamed.token_ids, streamed.finish_reason, streamed.stop_reason), rid
         # Stop strings are checked per token, so those requests still report every token.
         assert len(results[True][rid]) == (len(results[False][rid]) if rid == "stop_string" else 1), rid
         assert once.stats.inter_token_latencies and len(once.stats.token_times) == len(streamed.stats.token_times)
@@ -412,14 +455,18 @@ def test_stop_strings_max_tokens_and_min_tokens_on_a_real_model(tiny_llm):
     stop = ref.text[6:9]
     stopped = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop=[stop]))[0]
     assert stopped.finish_reason == "stop" and stopped.text == ref.text[:ref.text.index(stop)]
+    assert stopped.stop_reason == stop and ref.stop_reason is None
+    kept = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop=[stop], include_stop_str_in_output=True))[0]
+    assert kept.stop_reason == stop and kept.text == ref.text[:ref.text.index(stop) + len(stop)]
 
     short = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, max_tokens=5))[0]
-    assert short.finish_reason == "length" and short.token_ids == ref.token_ids[:5]
+    assert short.finish_reason == "length" and short.token_ids == ref.token_ids[:5] and short.stop_reason is None
 
     # Make the 2nd greedy token a stop token: it ends the output, unless min_tokens masks it.
     stop_id = ref.token_ids[1]
     ended = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop_token_ids=[stop_id]))[0]
     assert ended.finish_reason == "stop" and ended.token_ids == ref.token_ids[:ref.token_ids.index(stop_id) + 1]
+    assert ended.stop_reason == stop_id
     held = llm.generate([PROMPTS[0]], dataclasses.replace(greedy, stop_token_ids=[stop_id], min_tokens=6))[0]
     assert len(held.token_ids) >= 6 and stop_id not in held.token_ids[:5]
 

@@ -78,6 +78,27 @@ def test_streams_are_those_of_the_engine_in_process(client, tiny_checkpoints):
     assert client.get_stats().num_generation_tokens >= 3 * GREEDY["max_tokens"]
 
 
+def test_the_stop_reason_comes_from_the_engine_process(client):
+    """vLLM's stop_reason crosses the process boundary: the stop string (kept in the text with
+    include_stop_str_in_output), the stop token's id, None at max_tokens."""
+    async def last(rid, **params):
+        return (await collect(client.add_request(rid, PROMPTS[0], {**GREEDY, **params})))[-1]
+
+    async def main():
+        ref = await last("ref")
+        stop = ref.text[4:7]
+        return ref, stop, await last("string", stop=[stop]), await last(
+            "kept", stop=[stop], include_stop_str_in_output=True), await last(
+            "token", stop_token_ids=[ref.token_ids[2]])
+
+    ref, stop, string, kept, token = asyncio.run(main())
+    assert ref.finish_reason == "length" and ref.stop_reason is None
+    at = ref.text.index(stop)
+    assert (string.text, string.stop_reason) == (ref.text[:at], stop)
+    assert (kept.text, kept.stop_reason) == (ref.text[:at + len(stop)], stop)
+    assert token.finish_reason == "stop" and token.stop_reason == ref.token_ids[2]
+
+
 def test_bad_input_and_overload_raise_in_add_request(client):
     async def main():
         with pytest.raises(ValueError, match="top_p must be in"):
