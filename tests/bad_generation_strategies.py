@@ -19,11 +19,11 @@ from llm_engine.sampling_params import SamplingParams
 # length_penalty 1: tests/unit/test_sampling_values.py).
 KNOWN = sorted({f.name for f in dataclasses.fields(SamplingParams)} | {
     "n", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-    "use_beam_search", "length_penalty", "early_stopping", "include_stop_str_in_output",
-    "spaces_between_special_tokens", "bad_words", "detokenize", "guided_whitespace_pattern"})
+    "use_beam_search", "length_penalty", "early_stopping", "spaces_between_special_tokens", "bad_words",
+    "detokenize", "guided_whitespace_pattern"})
 NUMERIC = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
            "frequency_penalty", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"]
-BOOLEAN = ["ignore_eos", "skip_special_tokens"]
+BOOLEAN = ["ignore_eos", "skip_special_tokens", "include_stop_str_in_output"]
 JSON_LIMIT = 64 << 10
 MAX_MODEL_LEN = 2048        # model_repository/llm/config.pbtxt
 MAX_PROMPT_BYTES = 1 << 20  # the llm's max_prompt_bytes

@@ -21,9 +21,10 @@ from sampling_values import SamplingValueError, coerce
 
 # Inputs the model declares (auto_complete_config adds those the config lacks).
 # vllm_backend's optional outputs, each sent only when its input asks for it (docs/additional_outputs.md),
-# and this project's prompt_logprobs (vLLM's RequestOutput.prompt_logprobs), which vllm_backend lacks.
+# and this project's prompt_logprobs and stop_reason (vLLM's RequestOutput.prompt_logprobs and
+# CompletionOutput.stop_reason), which vllm_backend lacks.
 RETURNS = ("return_finish_reason", "return_cumulative_logprob", "return_logprobs", "return_num_input_tokens",
-           "return_num_output_tokens", "return_prompt_logprobs")
+           "return_num_output_tokens", "return_prompt_logprobs", "return_stop_reason")
 INPUTS = [
     {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "prompt_token_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
@@ -45,6 +46,7 @@ OUTPUTS = [
     {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
     {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
     {"name": "prompt_logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "stop_reason", "data_type": "TYPE_STRING", "dims": [-1]},  # JSON: a stop string, a token id or null
     # JSON {"code", "message"}: an error sent as data, only to a caller that asks (ERRORS_IN_BAND).
     {"name": "error", "data_type": "TYPE_STRING", "dims": [-1]},
 ]

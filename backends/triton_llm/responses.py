@@ -5,7 +5,8 @@ each new token, {token id: {logprob, rank, decoded_token}} over the sampled toke
 likely), `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming); and
 `prompt_logprobs` (JSON in the first response, null after: per prompt token the same entries over its
 N most likely tokens, the prompt token's own entry last; the first token's alone, its logprob and rank
-null, as nothing before it scores it; the own entries' pieces add up to the decoded prompt).
+null, as nothing before it scores it; the own entries' pieces add up to the decoded prompt); and
+`stop_reason` (vLLM's, JSON: null until the last response, stop_reason.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 from llm_engine.engine.detokenizer import IncrementalDetokenizer
 from llm_request import LLMRequest
+from stop_reason import stop_reason_json
 
 
 class ResponseBuilder:
@@ -49,6 +51,9 @@ class ResponseBuilder:
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(new_tokens)], dtype=np.uint32)))
         if "return_prompt_logprobs" in returns:
             tensors.append(pb_utils.Tensor("prompt_logprobs", np.array([self._prompt_logprobs(out)], dtype=np.object_)))
+        if "return_stop_reason" in returns:
+            reason = stop_reason_json(out.stop_reason, final)
+            tensors.append(pb_utils.Tensor("stop_reason", np.array([reason], dtype=np.object_)))
         self._sent_tokens = len(out.token_ids)
         self._sent_logprobs = len(out.logprobs or [])
         return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -21,7 +21,6 @@ _UNSUPPORTED = {
     "use_beam_search": "beam search",
     "length_penalty": "beam search's length_penalty",
     "early_stopping": "beam search's early_stopping",
-    "include_stop_str_in_output": "include_stop_str_in_output",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
     "bad_words": "bad_words",
     "detokenize": "detokenize",
@@ -30,8 +29,8 @@ _UNSUPPORTED = {
 # vLLM's default of each, which asks for what this engine does anyway: that value (or null) passes and is
 # dropped, as clients that send every key at its default (vLLM's own request models) expect.
 _NO_OP_DEFAULTS = {"best_of": 1, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False,
-                   "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "bad_words": [],
-                   "detokenize": True, "guided_whitespace_pattern": None}
+                   "spaces_between_special_tokens": True, "bad_words": [], "detokenize": True,
+                   "guided_whitespace_pattern": None}
 # vLLM's guided-decoding keys, each a field of its `structured_outputs` object (`structural_tag` is the
 # request key vLLM had beside the guided_* ones, for the same field).
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",

@@ -27,7 +27,7 @@ _WRAPPERS = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when runnin
 # that every field is here).
 _SAMPLING_FIELDS = ("temperature|top_p|top_k|min_p|repetition_penalty|presence_penalty|frequency_penalty|max_tokens|"
                     "min_tokens|logprobs|seed|stop|stop_token_ids|ignore_eos|skip_special_tokens|structured_outputs|"
-                    "logit_bias|allowed_token_ids|truncate_prompt_tokens|prompt_logprobs")
+                    "logit_bias|allowed_token_ids|truncate_prompt_tokens|prompt_logprobs|include_stop_str_in_output")
 _STEP_INPUTS = ("text|query|passages|passage_ids|sources|scores|embedding|top_k|top_n|input_ids|attention_mask|"
                 "token_type_ids|mode|locations")
 

@@ -82,6 +82,36 @@ def test_token_counts_when_asked(server):
     assert result.as_numpy("num_input_tokens")[0] > 0
 
 
+def test_stop_reason_when_asked(server):
+    """vLLM's stop_reason as JSON: null on every response but the last, which names the stop string or the
+    stop token (its id), or is null at max_tokens; include_stop_str_in_output keeps the stop string."""
+    asked = {"return_stop_reason": (True, "BOOL")}
+
+    def reasons(c):
+        return [json.loads(r.as_numpy("stop_reason")[0]) for r in c.results if r.as_numpy("stop_reason") is not None]
+
+    prompt = "The capital of France is"
+    ref = generate(server.grpc_url, prompt, sampling={**GREEDY, "logprobs": 0},
+                   extra={**asked, "return_logprobs": (True, "BOOL")})
+    assert ref.finish_reasons == ["length"] and len(reasons(ref)) >= 2 and set(reasons(ref)) == {None}
+    stop = ref.text[3:5]
+    at = ref.text.index(stop)
+    cut = generate(server.grpc_url, prompt, sampling={**GREEDY, "stop": [stop]}, extra=asked)
+    assert cut.finish_reasons == ["stop"] and cut.text == ref.text[:at]
+    assert reasons(cut)[-1] == stop and set(reasons(cut)[:-1]) <= {None}
+    kept = generate(server.grpc_url, prompt, sampling={**GREEDY, "stop": [stop], "include_stop_str_in_output": "true"},
+                    extra=asked)
+    assert kept.text == ref.text[:at + len(stop)] and reasons(kept)[-1] == stop
+    ids = [int(list(entry)[-1]) for r in ref.results for entry in json.loads(r.as_numpy("logprobs")[0])]
+    status, body = http_post(server.http_url, "/v2/models/llm/generate", {
+        "text_input": prompt, "exclude_input_in_output": True, "return_stop_reason": True,
+        "parameters": {**GREEDY, "stop_token_ids": [ids[2]]}})
+    assert status == 200, body
+    assert json.loads(json.loads(body)["stop_reason"]) == ids[2]
+    unasked = generate(server.grpc_url, prompt, stream=False)
+    assert all(r.as_numpy("stop_reason") is None for r in unasked.results)   # sent only when asked
+
+
 def test_prompt_logprobs_come_in_the_first_response_with_each_prompt_tokens_entry_last(server):
     prompt = "Paged attention stores keys and values"
     ids = tiny_llm_ids(prompt)

@@ -5,8 +5,9 @@ Each request is relayed by a thread: a BLS request to the llm with the same `str
 its "parameters"); every llm response is forwarded as it comes, the sources ride on the first.
 With stream=false the llm answers once and so does this model, in one FINAL response, which the
 HTTP /generate endpoint requires. Every request ends with exactly one FINAL response. The token counts
-(return_num_input_tokens / return_num_output_tokens) are the llm's, asked of it and relayed as it sends
-them: num_input_tokens the prompt's (with the passages), num_output_tokens per response when streaming.
+(return_num_input_tokens / return_num_output_tokens) and the stop reason (return_stop_reason) are the
+llm's, asked of it and relayed as it sends them: num_input_tokens the prompt's (with the passages),
+num_output_tokens per response when streaming, stop_reason JSON (null until the last response).
 
 Triton 2.51's BLS cannot cancel a request it has sent, and loses a decoupled callee's error response
 that follows its first response. So each llm request carries a key (request parameter
@@ -45,8 +46,10 @@ faulthandler.enable()
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The llm's control parameters (backends/triton_llm/llm_request.py: CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND).
 CANCEL_KEY, ABORT_KEY, ERRORS_IN_BAND = "ragstack_cancel_key", "ragstack_abort", "ragstack_errors_in_band"
-PASSED_TO_LLM = ("stream", "max_tokens", "return_num_input_tokens", "return_num_output_tokens")
-COUNTS = {"return_num_input_tokens": "num_input_tokens", "return_num_output_tokens": "num_output_tokens"}
+# The llm's outputs relayed when asked for, by their return_* inputs (passed on to the llm).
+RELAYED = {"return_num_input_tokens": "num_input_tokens", "return_num_output_tokens": "num_output_tokens",
+           "return_stop_reason": "stop_reason"}
+PASSED_TO_LLM = ("stream", "max_tokens", *RELAYED)
 REQUIRED = ("messages", "sources")
 
 
@@ -140,10 +143,10 @@ class TritonPythonModel:
         if sampling is not None:
             inputs.append(pb_utils.Tensor("sampling_parameters", np.array([sampling.encode()], dtype=object)))
         parameters = {**json.loads(request.parameters() or "{}"), CANCEL_KEY: relay.key, ERRORS_IN_BAND: True}
-        counts = [output for flag, output in COUNTS.items() if _flag(request, flag)]
+        relayed = [output for flag, output in RELAYED.items() if _flag(request, flag)]
         llm_request = pb_utils.InferenceRequest(
             model_name=self.llm, inputs=inputs,
-            requested_output_names=["text_output", "finish_reason", "error", *counts],
+            requested_output_names=["text_output", "finish_reason", "error", *relayed],
             parameters=parameters)
 
         first, answer = True, []
