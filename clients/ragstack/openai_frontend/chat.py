@@ -7,7 +7,8 @@ retrieved passages with the question) and the answer.
 
 `response_format` and vLLM's guided_* keys constrain an llm's output (structured.py); `tools` reach its
 chat template and its answer is read for tool calls (tools.py, tool_parsers.py): `message.tool_calls`,
-`tool_calls` in stream deltas, finish_reason `tool_calls`."""
+`tool_calls` in stream deltas, finish_reason `tool_calls`. Every choice carries vLLM's `stop_reason`: the stop
+string or stop token id that ended it, else null (streamed: on the chunk with its finish_reason, null before)."""
 from __future__ import annotations
 
 import time
@@ -110,7 +111,7 @@ class Answer:
                 message["sources"] = choice.sources
             out.append({"index": index, "message": message,
                         "logprobs": {"content": chat_content(choice.logprobs)} if choice.logprobs is not None else None,
-                        "finish_reason": reason})
+                        "finish_reason": reason, "stop_reason": choice.stop_reason})
         answer = {**self.head, "object": "chat.completion", "choices": out, "usage": self.usage.as_dict()}
         if self.prompt_logprobs:
             answer["prompt_logprobs"] = vllm_prompt_logprobs(choices[0].prompt_logprobs or [])
@@ -126,7 +127,8 @@ class Answer:
             start = {"role": "assistant", "content": ""}
             if piece.sources is not None:
                 start["sources"] = piece.sources
-            chunks.append(self._chunk([{"index": index, "delta": start, "logprobs": None, "finish_reason": None}]))
+            chunks.append(self._chunk([{"index": index, "delta": start, "logprobs": None, "finish_reason": None,
+                                        "stop_reason": None}]))
         delta = {}
         text, calls, reason = piece.text, [], piece.finish_reason
         if self.tool_plan is not None:
@@ -143,6 +145,7 @@ class Answer:
             delta["tool_calls"] = calls
         if delta or reason is not None or piece.logprobs:
             chunks.append(self._chunk([{"index": index, "delta": delta, "finish_reason": reason,
+                                        "stop_reason": piece.stop_reason,
                                         "logprobs": {"content": chat_content(piece.logprobs)} if piece.logprobs
                                         else None}]))
         return chunks

@@ -4,7 +4,7 @@ ids; a list of prompts gives n choices each, prompt by prompt. `echo` puts the p
 logprobs before the answer's, the first token's null (as OpenAI and vLLM answer lm-eval's loglikelihood
 requests); with `max_tokens` 0 it answers the prompt alone (vLLM's and OpenAI's scoring form). vLLM's
 `prompt_logprobs` N adds its field to each choice. `response_format` and vLLM's guided_*
-keys constrain the output (structured.py)."""
+keys constrain the output (structured.py). Every choice carries vLLM's `stop_reason`, as in chat.py."""
 from __future__ import annotations
 
 import time
@@ -92,7 +92,7 @@ class Answer:
             if choice.logprobs is not None:
                 logprobs = completion_logprobs(choice.logprobs, len(echo), prompt_tokens)
             out.append({"index": index, "text": echo + choice.text, "logprobs": logprobs,
-                        "finish_reason": choice.finish_reason})
+                        "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason})
             if self.prompt_logprobs:
                 out[-1]["prompt_logprobs"] = vllm_prompt_logprobs(choice.prompt_logprobs or [])
         return {**self.head, "choices": out, "usage": self.usage.as_dict()}
@@ -112,7 +112,7 @@ class Answer:
         if piece.logprobs is not None and (piece.logprobs or echoed):
             logprobs = completion_logprobs(piece.logprobs, start + len(text) - len(piece.text), echoed)
         return [self._chunk([{"index": index, "text": text, "logprobs": logprobs,
-                              "finish_reason": piece.finish_reason}])]
+                              "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}])]
 
     def _shown(self, piece: Piece) -> Piece:
         """The piece as the answer shows it: with echo_only, without the generated token."""

@@ -29,6 +29,7 @@ class Piece:
     """What one response adds to a choice; pieces added up (`add`) are the whole choice."""
     text: str = ""
     finish_reason: str | None = None
+    stop_reason: int | str | None = None   # vLLM's: the stop string or stop token id that ended the choice
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
@@ -38,6 +39,7 @@ class Piece:
     def add(self, piece: Piece) -> None:
         self.text += piece.text
         self.finish_reason = piece.finish_reason or self.finish_reason
+        self.stop_reason = piece.stop_reason if piece.stop_reason is not None else self.stop_reason
         self.prompt_tokens = piece.prompt_tokens if piece.prompt_tokens is not None else self.prompt_tokens
         self.completion_tokens += piece.completion_tokens
         if piece.logprobs is not None:
@@ -63,7 +65,9 @@ def _piece(outputs: dict, matcher: Matcher | None) -> Piece:
     reason = _text(outputs, "finish_reason")
     sources = _text(outputs, "sources")
     raw, raw_prompt = outputs.get("logprobs"), outputs.get("prompt_logprobs")
+    stop_reason = _text(outputs, "stop_reason")
     return Piece(text=text, finish_reason=reason if reason not in ("", "None") else None,
+                 stop_reason=json.loads(stop_reason) if stop_reason else None,
                  prompt_tokens=_count(outputs, "num_input_tokens"),
                  completion_tokens=_count(outputs, "num_output_tokens") or 0,
                  logprobs=matcher.add(raw.reshape(-1)[0], text) if matcher is not None and raw is not None else None,
@@ -99,7 +103,8 @@ def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict,
         inputs["chat_template_kwargs"] = t.text(json.dumps(template_kwargs))
     inputs.update(stream=t.flag(stream), sampling_parameters=t.text(json.dumps(sampling)),
                   exclude_input_in_output=t.flag(True), return_finish_reason=t.flag(True),
-                  return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True))
+                  return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True),
+                  return_stop_reason=t.flag(True))
     if logprobs:
         inputs["return_logprobs"] = t.flag(True)
     if prompt_logprobs:
@@ -108,9 +113,11 @@ def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict,
 
 
 def rag_inputs(query: str, sampling: dict, stream: bool) -> dict:
-    """The rag ensemble's inputs; it relays the llm's token counts when asked, as the llm does."""
+    """The rag ensemble's inputs; it relays the llm's token counts and stop reason when asked, as the llm
+    sends them."""
     return {"query": t.text(query), "stream": t.flag(stream), "sampling_parameters": t.text(json.dumps(sampling)),
-            "return_num_input_tokens": t.flag(True), "return_num_output_tokens": t.flag(True)}
+            "return_num_input_tokens": t.flag(True), "return_num_output_tokens": t.flag(True),
+            "return_stop_reason": t.flag(True)}
 
 
 def seeded(sampling: dict, n: int) -> list[dict]:
