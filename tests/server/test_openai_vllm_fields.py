@@ -177,3 +177,32 @@ def test_without_a_model_the_one_that_serves_the_endpoint_answers(triton_server,
         assert f"{len(llms)} models serve completions" in error["message"] and all(n in error["message"] for n in llms)
     embedded = post(triton_server, "/v1/embeddings", {"input": "Hello"})
     assert embedded.status_code == 200 and embedded.json()["model"] == "embed"
+
+
+def test_rag_takes_vllm_s_template_fields_at_their_defaults_and_names_any_other(triton_server):
+    defaults = {"add_generation_prompt": True, "documents": [], "chat_template_kwargs": {}, "continue_final_message":
+                False}
+    body = {"model": "rag", "messages": [{"role": "user", "content": "What is paged attention?"}], "max_tokens": 2}
+    assert post(triton_server, "/v1/chat/completions", {**body, **defaults}).status_code == 200
+    for field, value in (("add_generation_prompt", False), ("documents", [{"text": "x"}]),
+                         ("chat_template_kwargs", {"enable_thinking": False})):
+        refused = post(triton_server, "/v1/chat/completions", {**body, field: value})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+
+
+def test_nulls_for_fields_not_served_are_not_given(triton_server):
+    body = {"model": "llm", "messages": HELLO, "max_tokens": 2, "reasoning_effort": None, "cache_salt": None,
+            "chat_template": None, "mm_processor_kwargs": None}
+    assert post(triton_server, "/v1/chat/completions", body).status_code == 200
+
+
+@pytest.mark.parametrize("extra,param,words", [
+    ({"request_id": "x" * 257}, "request_id", "the limit is 256"),
+    ({"continue_final_message": True}, "continue_final_message", "messages[0] is a 'user' message"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "'tools'"),
+    ({"documents": [{"text": "x" * 70000}]}, "documents", "the limit is 65536"),
+], ids=["request_id", "continue_final_message", "reserved", "documents"])
+def test_template_and_id_refusals_name_the_field_sent(triton_server, extra, param, words):
+    refused = post(triton_server, "/v1/chat/completions", {"model": "llm", "messages": HELLO, "max_tokens": 2, **extra})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == param and words in error["message"], error

@@ -43,6 +43,7 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         "tool_choice", tool_plan.strict_constraint() if tool_plan else {}, "tools")
     params = {**{key: key for key in SAMPLING_KEYS}, "messages": "messages", "text_input": "messages",
               "prompt": "messages", "query": "messages", "logprobs": "top_logprobs", "tools": "tools",
+              "chat_template_kwargs": "chat_template_kwargs",
               "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     prompt_logprobs = body.returns_prompt_logprobs()
@@ -51,26 +52,25 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
             if value:
                 raise APIError(400, f"{name} are not available from model '{served.name}' (rag returns text and "
                                     "sources)", name)
-        for name, value in (("tools", body.tools), ("response_format", body.response_format),
-                            ("chat_template_kwargs", body.template_kwargs())):
-            if value is not None:
-                raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text "
-                                    "and sources)", name)
+        given = [name for name, value in (("tools", body.tools), ("response_format", body.response_format))
+                 if value is not None]
+        for name in given + body.template_fields():
+            raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text and "
+                                "sources)", name)
         query = next((m["content"] for m in reversed(messages) if m["role"] == "user"), None)
         if query is None:
             raise APIError(400, f"model '{served.name}' answers the last user message, and there is none", "messages")
-        requests = [generation.Request(served.name, generation.rag_inputs(query, s, body.stream), params, rag=True)
+        requests = [generation.Request(served.name, generation.declared(generation.rag_inputs(query, s, body.stream),
+                                                                      served), params, rag=True)
                     for s in generation.seeded(sampling, body.n)]
     else:
         top = sampling.get("logprobs") if body.logprobs else None
         # The choices share the prompt: the first alone scores it for the answer's prompt_logprobs.
         choices = [s if i == 0 else {k: v for k, v in s.items() if k != "prompt_logprobs"}
                    for i, s in enumerate(generation.seeded(sampling, body.n))]
-        requests = [generation.Request(served.name, generation.llm_inputs(messages, s, body.stream, body.logprobs,
-                                                                          prompt_logprobs and i == 0,
-                                                                          tools.llm_tools(tool_plan),
-                                                                          body.template_kwargs()),
-                                       params, top_logprobs=top) for i, s in enumerate(choices)]
+        requests = [generation.Request(served.name, generation.declared(generation.llm_inputs(
+                        messages, s, body.stream, body.logprobs, prompt_logprobs and i == 0, tools.llm_tools(tool_plan),
+                        body.template_kwargs()), served), params, top_logprobs=top) for i, s in enumerate(choices)]
     usage = Usage(True, prompts=1, n=body.n)
     answer = Answer(f"chatcmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name, usage,
                     *body.usage_chunks(), tool_plan, prompt_logprobs)

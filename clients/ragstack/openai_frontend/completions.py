@@ -43,8 +43,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     vllm_field = body.returns_prompt_logprobs()
     if logprobs and body.echo and not vllm_field:
         params["prompt_logprobs"] = "logprobs"
-    requests = [generation.Request(served.name, llm_inputs(body, prompt, s, vllm_field), params,
-                                   top_logprobs=body.logprobs)
+    requests = [generation.Request(served.name, generation.declared(llm_inputs(body, prompt, s, vllm_field), served),
+                                   params, top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name,
                     [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo

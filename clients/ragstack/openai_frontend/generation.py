@@ -18,9 +18,11 @@ import numpy as np
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
+from ragstack.openai_frontend.models import Served
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
+OWN_RETURNS = ("return_stop_reason",)   # asked of every model that declares it, vllm_backend's flags of all
 _ABORTS: set[asyncio.Task] = set()   # aborts under way: asyncio keeps only weak references to tasks
 
 
@@ -118,6 +120,12 @@ def rag_inputs(query: str, sampling: dict, stream: bool) -> dict:
     return {"query": t.text(query), "stream": t.flag(stream), "sampling_parameters": t.text(json.dumps(sampling)),
             "return_num_input_tokens": t.flag(True), "return_num_output_tokens": t.flag(True),
             "return_stop_reason": t.flag(True)}
+
+
+def declared(inputs: dict, served: Served) -> dict:
+    """The inputs without this project's own return flags that the model does not declare (a model of one's
+    own, or a Triton not yet upgraded beside this frontend): Triton refuses an input its model lacks."""
+    return {name: value for name, value in inputs.items() if name not in OWN_RETURNS or name in served.inputs}
 
 
 def seeded(sampling: dict, n: int) -> list[dict]:

@@ -59,9 +59,9 @@ class FrontendLimits:
             elif not value > 0:
                 raise ValueError(f"OpenAI frontend limit {knob.name} must be > 0, got {value!r}")
         for origin in self.origins():
-            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s*]+", origin):
                 raise ValueError(f"OpenAI frontend setting allowed_origins: {origin!r} is not * nor an origin such "
-                                 "as https://app.example.com (scheme and host, no path)")
+                                 "as https://app.example.com (scheme and host, no path, no wildcard)")
 
     def origins(self) -> list[str]:
         return [origin.strip() for origin in self.allowed_origins.split(",") if origin.strip()]

@@ -8,15 +8,17 @@ tensors, so a model of one's own with the same tensors is served too.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 from ragstack.openai_frontend.errors import APIError, model_not_found
-from ragstack.openai_frontend.triton import Triton
+from ragstack.openai_frontend.triton import CONFIG_CACHE_S, Triton
 
 ENDPOINTS = {"llm": ("chat.completions", "completions"), "rag": ("chat.completions",), "embed": ("embeddings",),
              "rerank": ("rerank",)}
 CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
+_ONLY: dict[str, tuple[float, str]] = {}   # endpoint -> (when, the one model serving it) for requests without one
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Served:
     name: str
     kind: str
     dimensions: int | None = None   # an embed model's
+    inputs: frozenset[str] = frozenset()   # the inputs its config declares
 
 
 def kind_of(config: dict) -> Served | None:
@@ -31,13 +34,13 @@ def kind_of(config: dict) -> Served | None:
     outputs = {o["name"]: o for o in config.get("output", [])}
     name = config.get("name", "")
     if {"text_input", "messages"} <= inputs and "text_output" in outputs:
-        return Served(name, "llm")
+        return Served(name, "llm", inputs=frozenset(inputs))
     if "query" in inputs and {"text_output", "sources"} <= set(outputs):
-        return Served(name, "rag")
+        return Served(name, "rag", inputs=frozenset(inputs))
     if inputs == {"text"} and "embedding" in outputs:
-        return Served(name, "embed", int(outputs["embedding"]["dims"][-1]))
+        return Served(name, "embed", int(outputs["embedding"]["dims"][-1]), frozenset(inputs))
     if inputs == {"query", "passages"} and "scores" in outputs:
-        return Served(name, "rerank")
+        return Served(name, "rerank", inputs=frozenset(inputs))
     return None
 
 
@@ -56,11 +59,18 @@ async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
 
 
 async def _only_model(triton: Triton, endpoint: str) -> str:
+    """The one model that serves `endpoint` (cached as configs are: each lookup reads the repository index)."""
+    cached = _ONLY.get(endpoint)
+    if cached is not None and time.monotonic() - cached[0] < CONFIG_CACHE_S:
+        return cached[1]
     serving = [found for found, _ in await _loaded(triton) if endpoint in ENDPOINTS[found.kind]]
     candidates = [found.name for found in ([f for f in serving if f.kind == "llm"] or serving)]
-    if len(candidates) != 1:
-        raise APIError(400, f"model is missing, and {len(candidates)} models serve {endpoint}"
-                            f"{': ' + ', '.join(candidates[:20]) if candidates else ''}; name one", "model")
+    if not candidates:
+        raise APIError(400, f"model is missing, and no loaded model serves {endpoint}", "model")
+    if len(candidates) > 1:
+        raise APIError(400, f"model is missing, and {len(candidates)} models serve {endpoint}: "
+                            f"{', '.join(candidates[:20])}; name one", "model")
+    _ONLY[endpoint] = (time.monotonic(), candidates[0])
     return candidates[0]
 
 
@@ -72,13 +82,8 @@ async def listing(triton: Triton) -> list[dict]:
 async def _loaded(triton: Triton) -> list[tuple[Served, dict]]:
     """The ready models the API serves, with their configs."""
     names = sorted({m["name"] for m in await triton.index() if m.get("state") == "READY"})
-    found = []
-    for name in names:
-        config = await triton.config(name)
-        kind = kind_of(config) if config is not None else None
-        if kind is not None:
-            found.append((kind, config))
-    return found
+    configs = await asyncio.gather(*(triton.config(name) for name in names))
+    return [(kind_of(config), config) for config in configs if config is not None and kind_of(config) is not None]
 
 
 def model_object(name: str, config: dict | None = None) -> dict:

@@ -31,6 +31,8 @@ NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's 
               "verbosity": "a reasoning model's verbosity", "web_search_options": "web search",
               "cache_salt": "prefix-cache isolation by salt"}
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
+MAX_REQUEST_ID_CHARS = 256
+MAX_TEMPLATE_BYTES = 64 << 10   # the llm's MAX_JSON_BYTES (backends/triton_llm/llm_request.py)
 # vLLM's fields served at one value only: (name, that value, why no other).
 FIFO = ("priority", 0, "the llm schedules first come, first served")
 TOKEN_TEXT = ("return_tokens_as_token_ids", False, "logprobs name tokens by their text")
@@ -92,9 +94,9 @@ class Generation(NullMeansDefault):
     FIXED: ClassVar[tuple] = (FIFO, TOKEN_TEXT)
 
     def sampling(self) -> dict[str, Any]:
-        """The llm's sampling keys: those given, and the undeclared ones as they came."""
+        """The llm's sampling keys: those given, and the undeclared ones as they came (a null as not given)."""
         values = {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
-        return {**values, **(self.model_extra or {})}
+        return {**values, **{key: value for key, value in (self.model_extra or {}).items() if value is not None}}
 
     def usage_chunks(self) -> tuple[bool, bool]:
         """(a last chunk with the usage, the usage so far on every chunk): stream_options' include_usage,
@@ -114,8 +116,9 @@ class Generation(NullMeansDefault):
             if getattr(self, name) != default:
                 raise APIError(400, f"{name}: only {json.dumps(default)} is supported ({what}), got "
                                     f"{json.dumps(getattr(self, name))[:80]}", name)
-        if self.request_id is not None:
-            check_text(self.request_id, "request_id", limits)
+        if self.request_id is not None and len(self.request_id) > MAX_REQUEST_ID_CHARS:   # in every chunk's id
+            raise APIError(400, f"request_id is {len(self.request_id)} characters; the limit is {MAX_REQUEST_ID_CHARS}",
+                           "request_id")
         if self.n < 1:
             raise APIError(400, f"n must be at least 1, got {self.n}", "n")
         if choices > limits.max_choices:
@@ -178,13 +181,13 @@ class ChatRequest(Generation):
     # vLLM's: what reaches the chat template (the llm's chat_template_kwargs input), and request fields
     # taken at the values that change nothing here.
     add_generation_prompt: bool | None = None   # default true; false when continue_final_message (the llm's rule)
-    continue_final_message: bool = False
+    continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     add_special_tokens: bool = False
     echo: bool = False
     FIXED: ClassVar[tuple] = (("add_special_tokens", False, "the chat template writes the special tokens"),
-             ("echo", False, "a chat answer does not repeat the last message"), FIFO, TOKEN_TEXT)
+                              ("echo", False, "a chat answer does not repeat the last message"), FIFO, TOKEN_TEXT)
 
     def sampling(self) -> dict[str, Any]:
         values = super().sampling()
@@ -200,15 +203,22 @@ class ChatRequest(Generation):
 
     def template_kwargs(self) -> dict[str, Any] | None:
         """The llm's chat_template_kwargs: vLLM's chat_template_kwargs with its own fields for the template
-        over them; None when all are at their defaults."""
-        values = dict(self.chat_template_kwargs or {})
-        if self.add_generation_prompt is not None:
-            values["add_generation_prompt"] = self.add_generation_prompt
-        if self.continue_final_message:
-            values["continue_final_message"] = True
-        if self.documents is not None:
-            values["documents"] = self.documents
-        return values or None
+        over them, values that change nothing left out; None when nothing is left."""
+        return {key: value for _, key, value in self._template_values()} or None
+
+    def template_fields(self) -> list[str]:
+        """The request fields that change the template's rendering."""
+        return list(dict.fromkeys(field for field, _, _ in self._template_values()))
+
+    def _template_values(self) -> list[tuple[str, str, Any]]:
+        """(request field, template argument, value) of each that changes the rendering."""
+        given = {key: ("chat_template_kwargs", value) for key, value in (self.chat_template_kwargs or {}).items()}
+        for key in ("add_generation_prompt", "continue_final_message", "documents"):
+            if getattr(self, key) is not None:
+                given[key] = (key, getattr(self, key))
+        unchanged = {"add_generation_prompt": True, "continue_final_message": False, "documents": []}
+        return [(field, key, value) for key, (field, value) in given.items()
+                if key not in unchanged or value != unchanged[key]]
 
     def chat(self, limits: FrontendLimits) -> list[dict[str, Any]]:
         """The messages as the llm takes them (role, content, tool_calls, tool_call_id), every size checked."""
@@ -221,15 +231,23 @@ class ChatRequest(Generation):
         for name, what in NOT_SERVED.items():
             if (self.model_extra or {}).get(name) is not None:
                 raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
-        if self.continue_final_message and self.add_generation_prompt:   # both given: vLLM's rule, in its words
-            raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                           "continue_final_message")
-        check_text(json.dumps(self.template_kwargs() or {}), "chat_template_kwargs", limits)
         if not self.messages:
             raise APIError(400, "messages must hold at least one message", "messages")
         if len(self.messages) > limits.max_messages:
             raise APIError(400, f"messages has {len(self.messages)} items; the limit is {limits.max_messages} "
                                 "(max_messages)", "messages")
+        if self.continue_final_message and self.add_generation_prompt:   # both given: vLLM's rule, in its words
+            raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           "continue_final_message")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError(400, f"continue_final_message needs the last message to be an assistant message; "
+                                f"messages[{len(self.messages) - 1}] is a {self.messages[-1].role[:20]!r} message",
+                           "continue_final_message")
+        size = len(json.dumps(self.template_kwargs() or {}).encode())
+        if size > MAX_TEMPLATE_BYTES:
+            fields = self.template_fields()
+            raise APIError(400, f"{' and '.join(fields)} take {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES} "
+                                "(the llm's chat_template_kwargs input)", fields[0])
         return [_message(message, f"messages[{i}]", limits) for i, message in enumerate(self.messages)]
 
 
@@ -239,8 +257,8 @@ class CompletionRequest(Generation):
     logprobs: int | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
-    FIXED: ClassVar[tuple] = (("add_special_tokens", True, "the llm encodes a text prompt with its special tokens"), FIFO,
-             TOKEN_TEXT)
+    FIXED: ClassVar[tuple] = (("add_special_tokens", True, "the llm encodes a text prompt with its special tokens"),
+                              FIFO, TOKEN_TEXT)
 
     def echo_only(self) -> bool:
         """vLLM's and OpenAI's scoring form: echo with max_tokens 0 answers the prompt alone (one token is
