@@ -12,7 +12,7 @@ from pydantic import model_validator
 
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
-from ragstack.openai_frontend.schemas import Strict, check_text
+from ragstack.openai_frontend.schemas import Strict, check_text, token_ids
 
 IDS_HINT = ("token ids are not supported (LangChain's OpenAIEmbeddings sends tiktoken ids: pass "
             "check_embedding_ctx_length=False)")
@@ -128,6 +128,6 @@ def _document_text(document: Any, param: str) -> str:
 
 def _token_ids(value: Any) -> bool:
     """OpenAI's other input forms: a list of ids or a list of such lists."""
-    def ids(v: Any) -> bool:
-        return isinstance(v, list) and bool(v) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
-    return ids(value) or (isinstance(value, list) and bool(value) and all(ids(v) for v in value))
+    return token_ids(value) or (isinstance(value, list) and bool(value) and all(token_ids(v) for v in value))
+
+

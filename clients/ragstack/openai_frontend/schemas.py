@@ -275,8 +275,8 @@ class CompletionRequest(Generation):
 
     def prompts(self, limits: FrontendLimits) -> list[str | list[int]]:
         """OpenAI's four forms: a string, a list of strings, a list of token ids, a list of such lists."""
-        prompts = [self.prompt] if isinstance(self.prompt, str) or _token_ids(self.prompt) else self.prompt
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) or _token_ids(p)
+        prompts = [self.prompt] if isinstance(self.prompt, str) or token_ids(self.prompt) else self.prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) or token_ids(p)
                                                                    for p in prompts):
             raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
                                 "lists of token ids, none empty", "prompt")
@@ -296,7 +296,8 @@ class CompletionRequest(Generation):
         return prompts
 
 
-def _token_ids(value: Any) -> bool:
+def token_ids(value: Any) -> bool:
+    """A prompt of token ids: a non-empty list of ints."""
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
 
