@@ -98,7 +98,7 @@ def _scalar(get: Callable[[str], np.ndarray | None], name: str, kind: type):
     return int(value)
 
 
-def _token_ids(array: np.ndarray | None) -> list[int] | None:
+def token_ids_of(array: np.ndarray | None) -> list[int] | None:
     """The engine checks each id against the vocabulary and the count against max_model_len."""
     if array is None:
         return None
@@ -148,7 +148,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     messages larger than `max_prompt_bytes` is refused before tokenization."""
     raw_text = _scalar(get, "text_input", bytes)
     raw_messages = _scalar(get, "messages", bytes)
-    token_ids = _token_ids(get("prompt_token_ids"))
+    token_ids = token_ids_of(get("prompt_token_ids"))
     given = [name for name, value in (("text_input", raw_text), ("messages", raw_messages),
                                       ("prompt_token_ids", token_ids)) if value is not None]
     if not given:
@@ -206,16 +206,17 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
 def abort_key(request_parameters: str) -> str | None:
     """The CANCEL_KEY a control request (ABORT_KEY, no inputs) asks to abort, or None for a request
     to generate."""
-    key = _control(request_parameters, ABORT_KEY)
+    key = control(request_parameters, ABORT_KEY)
     return str(key) if key is not None else None
 
 
 def asks_template_info(request_parameters: str) -> bool:
     """A control request (TEMPLATE_INFO_KEY, no inputs) for the chat template's tool-call format."""
-    return _control(request_parameters, TEMPLATE_INFO_KEY) is not None
+    return control(request_parameters, TEMPLATE_INFO_KEY) is not None
 
 
-def _control(request_parameters: str, name: str) -> Any:
+def control(request_parameters: str, name: str) -> Any:
+    """The value of the request parameter `name` (a control request's key), or None."""
     if name not in (request_parameters or ""):
         return None
     try:

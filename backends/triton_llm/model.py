@@ -37,6 +37,7 @@ from llm_request import (ABORT_KEY, INPUTS, OUTPUTS, InvalidRequest, LLMRequest,
                          parse_request)
 from response_instances import check_thread_engine, engine_share, instances_on_device
 from responses import ResponseBuilder
+import tokenize_control
 
 # Triton logs no word when a stub dies: a segfault here prints every thread's stack to the server log
 faulthandler.enable()
@@ -113,6 +114,7 @@ class TritonPythonModel:
                                            stall_timeout_s=settings["engine_stall_timeout_s"],
                                            max_restarts=settings["engine_max_restarts"], log=pb_utils.Logger.log_warn)
         self.tokenizer = self.supervisor.tokenizer
+        self.max_model_len = config.max_model_len
         self.metrics = None
         try:
             from llm_metrics import LLMMetrics
@@ -150,13 +152,15 @@ class TritonPythonModel:
                 continue
             if asks_template_info(request.parameters()):  # the OpenAI frontend's, for tool_choice auto
                 info = json.dumps(template_info(self.tokenizer.hf_tokenizer.chat_template)).encode()
-                response = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("text_output", np.array([info], dtype=np.object_))])
-                self.loop.call_soon_threadsafe(self._send, sender, response, FINAL)
+                self.loop.call_soon_threadsafe(self._send, sender, _text_response(info), FINAL)
                 continue
+            get = lambda name, request=request: _input(request, name)  # noqa: E731
             try:
-                parsed = parse_request(lambda name: _input(request, name), request.parameters(),
-                                       self.backend_settings["max_prompt_bytes"])
+                # the OpenAI frontend's /tokenize and /detokenize, answered by the tokenizer alone
+                answer = tokenize_control.answer(get, request.parameters(), self.tokenizer, self.max_model_len,
+                                                 self.backend_settings["max_prompt_bytes"])
+                parsed = parse_request(get, request.parameters(), self.backend_settings["max_prompt_bytes"]) \
+                    if answer is None else None
             except InvalidRequest as exc:
                 self.loop.call_soon_threadsafe(self._send, sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG),
                                                FINAL)
@@ -164,6 +168,9 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 - a parser bug must still end the request with a FINAL
                 error = _error(f"triton_llm: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
                 self.loop.call_soon_threadsafe(self._send, sender, error, FINAL)
+                continue
+            if answer is not None:
+                self.loop.call_soon_threadsafe(self._send, sender, _text_response(answer), FINAL)
                 continue
             future = asyncio.run_coroutine_threadsafe(self._generate(parsed, sender), self.loop)
             with self._tasks_lock:
@@ -408,6 +415,12 @@ def _code_name(code) -> str:
     """TritonError's name for a code (pb_utils.TritonError exists only once the stub runs the model)."""
     names = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
     return next((name for name in names if getattr(pb_utils.TritonError, name) == code), "INTERNAL")
+
+
+def _text_response(text: bytes) -> pb_utils.InferenceResponse:
+    """A control request's answer: JSON in `text_output`."""
+    tensor = pb_utils.Tensor("text_output", np.array([text], dtype=np.object_))
+    return pb_utils.InferenceResponse(output_tensors=[tensor])
 
 
 def _error(message: str, code) -> pb_utils.InferenceResponse:

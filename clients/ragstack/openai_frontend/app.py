@@ -24,6 +24,7 @@ from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.guard import Guard
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.openai_frontend.rerank import rerank, rerank_v2
+from ragstack.openai_frontend.tokenization import detokenize, tokenize
 from ragstack.openai_frontend.triton import Triton
 
 log = logging.getLogger("ragstack.openai_frontend")
@@ -62,6 +63,10 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     route("/v1/chat/completions", chat_completions)
     route("/v1/completions", completions)
     route("/v1/embeddings", embeddings)
+    for path in ("/tokenize", "/v1/tokenize"):   # vLLM's paths are the first
+        route(path, tokenize)
+    for path in ("/detokenize", "/v1/detokenize"):
+        route(path, detokenize)
     route("/v1/models", list_models, ("GET",))
     route("/v1/models/{model_id}", get_model, ("GET",))
     route("/v1/models/{model_id}/load", load_model)

@@ -32,6 +32,8 @@ class FrontendLimits:
     max_logit_bias: int = _knob(1024, "token ids in one request's logit_bias, and in its allowed_token_ids")
     max_embedding_inputs: int = _knob(2048, "inputs of one embeddings request")
     max_rerank_documents: int = _knob(1024, "documents of one rerank request")
+    # Four times a 64k-token context: the text decoded stays within some MiBs.
+    max_detokenize_tokens: int = _knob(1 << 18, "token ids of one detokenize request")
     # The embed and rerank tokenizers' max_texts: larger requests are sent in batches of this size.
     embed_batch: int = _knob(32, "texts per request to the embed ensemble")
     rerank_batch: int = _knob(64, "documents per request to the rerank ensemble")

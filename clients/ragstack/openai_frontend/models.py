@@ -1,7 +1,8 @@
 """Which Triton models the OpenAI API serves, and through which endpoint: read from each model's
 tensors, so a model of one's own with the same tensors is served too.
 
-- llm: `text_input` and `messages` in, `text_output` out (backend triton_llm): chat and completions
+- llm: `text_input` and `messages` in, `text_output` out (backend triton_llm): chat, completions and
+  vLLM's tokenize and detokenize (endpoint "tokenize")
 - rag: `query` in, `text_output` and `sources` out (the `rag` ensemble): chat, with sources
 - embed: `text` in, `embedding` out (the `embed` ensemble): embeddings
 - rerank: `query` and `passages` in, `scores` out (the `rerank` ensemble): rerank
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from ragstack.openai_frontend.errors import APIError, model_not_found
 from ragstack.openai_frontend.triton import CONFIG_CACHE_S, Triton
 
-ENDPOINTS = {"llm": ("chat.completions", "completions"), "rag": ("chat.completions",), "embed": ("embeddings",),
-             "rerank": ("rerank",)}
+ENDPOINTS = {"llm": ("chat.completions", "completions", "tokenize"), "rag": ("chat.completions",),
+             "embed": ("embeddings",), "rerank": ("rerank",)}
 CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
 _ONLY: dict[str, tuple[float, str]] = {}   # endpoint -> (when, the one model serving it) for requests without one
 
