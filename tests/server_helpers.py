@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from ragstack.launcher import ServerOptions, free_port
+from ragstack.launcher import ServerOptions, free_ports
 
 T = TypeVar("T")
 FIXTURE_REPOSITORY = Path(__file__).resolve().parent / "fixtures" / "model_repository"
@@ -30,8 +30,9 @@ def tiny_llm_ids(text: str) -> list[int]:
 
 def free_server_options(openai: bool = False, **overrides) -> ServerOptions:
     """`openai`: the OpenAI frontend too, on a free port of its own."""
-    options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            openai_port=free_port() if openai else 0, exit_timeout_s=10)
+    http, grpc, metrics, openai_port = free_ports(4)
+    options = ServerOptions(http_port=http, grpc_port=grpc, metrics_port=metrics,
+                            openai_port=openai_port if openai else 0, exit_timeout_s=10)
     for key, value in overrides.items():
         setattr(options, key, value)
     return options

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from ragstack import indexer
 from ragstack.client import RagClient
-from ragstack.launcher import ROOT, ServerOptions, TritonServer, free_port
+from ragstack.launcher import ROOT, ServerOptions, TritonServer, free_ports
 
 CORPUS = ROOT / "data" / "sample_corpus"
 
 
 def build() -> indexer.BuildResult:
     """Write retriever version 1; raises LauncherError when the server cannot start."""
-    options = ServerOptions(models=["embed"], http_port=free_port(), grpc_port=free_port(),
-                            metrics_port=free_port(), exit_timeout_s=10)
+    http, grpc, metrics = free_ports(3)
+    options = ServerOptions(models=["embed"], http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_s=10)
     with TritonServer(options) as server, RagClient(server.grpc_url) as client:
         # The step runs only when an input changed (the embedder too, which the fingerprint
         # cannot see): rebuild version 1 in place.

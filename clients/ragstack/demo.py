@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from ragstack.launcher import LauncherError, ServerOptions, TritonServer, free_port
+from ragstack.launcher import LauncherError, ServerOptions, TritonServer, free_ports
 
 DEMO_LLM_NOTE = (
     "The demo LLM is a tiny random Qwen2 checkpoint (model_repository/llm/1/tiny-qwen2), so its answer is\n"
@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from ragstack.client import RagClient
     from ragstack.results import RagstackError
 
-    options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    http, grpc, metrics = free_ports(3)
+    options = ServerOptions(http_port=http, grpc_port=grpc, metrics_port=metrics)
     print("[demo] starting the bundled Triton server on the CPU (every model of model_repository/ and "
           "ensembles/) ...", flush=True)
     start = time.monotonic()

@@ -153,9 +153,20 @@ def port_is_free(address: str, port: int) -> bool:
 
 
 def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, address)[0]
+
+
+def free_ports(count: int, address: str = "127.0.0.1", besides: tuple[int, ...] = ()) -> list[int]:
+    """`count` distinct free ports, none of `besides`: each socket stays bound until all are picked (two
+    free_port calls can give the same port, the first's socket closed before the second binds)."""
+    with contextlib.ExitStack() as stack:
+        socks = []
+        while len(socks) < count:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((address, 0))
+            if sock.getsockname()[1] not in besides:
+                socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
 
 
 @dataclass
@@ -325,7 +336,9 @@ class TritonServer:
         backend_dir = assemble_backend_dir(install, self.work_dir / "backends")
         for repo in self.options.model_repositories:
             compile_python_models(Path(repo))
-        self.triton_http_port = free_port()
+        opts = self.options
+        self.triton_http_port = free_ports(1, besides=(opts.http_port, opts.grpc_port, opts.metrics_port,
+                                                        opts.openai_port))[0]
         cmd = self.command(install, backend_dir)
         self.crash_lines = []
         self._crash_watch = LogWatch(self.log_path, self.log_path.stat().st_size if self.log_path.exists() else 0)
