@@ -3,9 +3,10 @@ frontend): answered by the tokenizer at once, without the engine, as JSON in `te
 template info is, chat_tools.py).
 
 - TOKENIZE_KEY: true in the request parameters (Triton's take scalars only), beside them the bools
-  `add_special_tokens` and `return_token_strs` (each optional), with a generation request's prompt inputs: `text_input`, or `messages` with `tools` and
-  `chat_template_kwargs`, read by parse_request and rendered as a generation renders them. The answer is
-  vLLM's TokenizeResponse: {"count", "max_model_len", "tokens", "token_strs"}.
+  `add_special_tokens` and `return_token_strs` (each optional), with a generation request's prompt inputs:
+  `text_input`, or `messages` with `tools` and `chat_template_kwargs`, read by parse_request and rendered as a
+  generation renders them. The answer is vLLM's TokenizeResponse: {"count", "max_model_len", "tokens",
+  "token_strs"}.
 - DETOKENIZE_KEY: true, the ids in `prompt_token_ids`. The answer is vLLM's DetokenizeResponse: {"prompt"}.
 """
 from __future__ import annotations
