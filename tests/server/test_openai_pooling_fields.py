@@ -7,9 +7,7 @@ from __future__ import annotations
 import httpx2 as httpx
 import numpy as np
 import pytest
-from openai import BadRequestError, OpenAI
-
-from ragstack.client import RagClient
+from openai import BadRequestError
 
 pytestmark = pytest.mark.server
 LONG = "Dynamic batching merges requests that arrive together. " * 60   # ~480 tokens; the embedder reads 256
@@ -17,18 +15,6 @@ LIMIT = 256   # all-MiniLM-L6-v2's and the demo reranker's tokens, their special
 QUESTION = "How does paged attention store the KV cache?"
 DOCUMENTS = ["Bananas are yellow.", "Paged attention keeps the KV cache in fixed-size blocks.",
              "The KV cache holds keys and values of past tokens."]
-
-
-@pytest.fixture(scope="module")
-def client(triton_server):
-    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def triton(triton_server):
-    with RagClient(triton_server.grpc_url) as c:
-        yield c
 
 
 def refused(call, **kw) -> BadRequestError:

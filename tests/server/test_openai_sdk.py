@@ -8,27 +8,14 @@ import base64
 
 import numpy as np
 import pytest
-from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
+from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
-from ragstack.client import RagClient
 from server_helpers import tiny_llm_ids
 
 pytestmark = pytest.mark.server
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
 QUESTION = "How does paged attention store the KV cache?"
-
-
-@pytest.fixture(scope="module")
-def client(triton_server):
-    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def triton(triton_server):
-    with RagClient(triton_server.grpc_url) as c:
-        yield c
 
 
 def streamed_text(chunks) -> tuple[str, list]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 
 from llm_streams import StreamSession, llm_inputs
 from server_helpers import TINY_LLM
@@ -18,12 +18,6 @@ HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 LONG = {"ignore_eos": True}   # the whole max_tokens, whatever the random model samples
-
-
-@pytest.fixture(scope="module")
-def client(triton_server):
-    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
 
 
 def stop_string(text: str) -> str:

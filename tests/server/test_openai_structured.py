@@ -10,7 +10,7 @@ import re
 
 import jsonschema
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 
 pytestmark = pytest.mark.server
 HELLO = [{"role": "user", "content": "Describe a city as JSON."}]
@@ -22,12 +22,6 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["city", "population", "tags", "capital"], "additionalProperties": False}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
 SAMPLED = {"temperature": 1.0, "max_tokens": 200}
-
-
-@pytest.fixture(scope="module")
-def client(triton_server):
-    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
 
 
 def chat_text(client, stream: bool, **kwargs) -> tuple[str, str]:

@@ -38,12 +38,6 @@ MANY = {"temperature": 1.0, "max_tokens": 800}
 HERMES_CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "celsius"\}\}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def client(triton_server):
-    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
-
-
 def streamed(chunks) -> tuple[str | None, list[dict], str, list]:
     """Content, tool calls assembled from the deltas (checking their shape), finish reason, chunks."""
     chunks = [c for c in chunks if c.choices]

@@ -10,17 +10,11 @@ import json
 
 import httpx2 as httpx
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 
 pytestmark = pytest.mark.server
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 MAX_MODEL_LEN = 2048   # model_repository/llm/config.pbtxt
-
-
-@pytest.fixture(scope="module")
-def client(triton_server):
-    with OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
 
 
 def post(server, path: str, body: dict) -> httpx.Response:
