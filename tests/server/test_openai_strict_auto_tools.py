@@ -12,7 +12,7 @@ import json
 import jsonschema
 import pytest
 from openai import BadRequestError
-from test_openai_tools import ASK, SCHEMAS, TOOLS, client, streamed, whole_calls  # noqa: F401  (client: a fixture)
+from test_openai_tools import ASK, SCHEMAS, TOOLS, streamed, whole_calls
 
 pytestmark = pytest.mark.server
 SAMPLED = {"temperature": 1.0, "max_tokens": 24}
