@@ -22,9 +22,11 @@ VALID = {
     "/v1/completions": {"model": "llm", "prompt": "hi", "max_tokens": 2},
     "/v1/embeddings": {"model": "embed", "input": ["hi"]},
     "/v1/rerank": {"model": "rerank", "query": "hi", "documents": ["a", "b"]},
+    "/v1/score": {"model": "rerank", "text_1": ["hi", "yo"], "text_2": ["a", "b"]},
 }
 SERVED = {".", "..", "llm", "llm_small_queue", "llm_small_kv", "llm_in_stub", "llm_tp2", "rag", "embed", "rerank"}
-EXAMPLES = {"/v1/chat/completions": 150, "/v1/completions": 60, "/v1/embeddings": 60, "/v1/rerank": 60}
+EXAMPLES = {"/v1/chat/completions": 150, "/v1/completions": 60, "/v1/embeddings": 60, "/v1/rerank": 60,
+            "/v1/score": 60}
 JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False),
                               st.text(max_size=8)),
                     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner,
@@ -66,6 +68,15 @@ NOT_INT = JSON.filter(lambda v: v is not None and (isinstance(v, bool) or not is
 NOT_TRUE = JSON.filter(lambda v: v is not None and v is not True)
 POOLING = {"truncate_prompt_tokens": st.one_of(st.integers(-10**6, 0).filter(lambda v: v != -1), NOT_INT),
            "priority": st.one_of(st.integers(-5, 5).filter(bool), NOT_INT)}
+# A side of the score's pairs that no request takes: anything but one or two texts (the other side holds two).
+SIDES = st.one_of(
+    JSON.filter(lambda v: not (isinstance(v, str) and v.strip()) and not (isinstance(v, list) and v and all(
+        isinstance(t, str) and t.strip() for t in v))),
+    st.lists(st.sampled_from(["", " \n"]), min_size=1, max_size=2), st.lists(st.just("t"), min_size=3, max_size=4),
+    st.integers(16385, 20000).map("x".__mul__), st.lists(st.fixed_dictionaries({"content": JSON}), min_size=1,
+                                                         max_size=2))
+NOT_FALSE = JSON.filter(lambda v: v is not None and v is not False)
+NOT_NULL = JSON.filter(lambda v: v is not None)
 SHARED = {"model": MODELS, "stream": JSON, "stream_options": JSON, "n": st.one_of(JSON, st.integers(-5, 100)),
           "user": JSON, "response_format": RESPONSE_FORMATS, **BAD_VALUES}
 FIELDS = {
@@ -83,6 +94,13 @@ FIELDS = {
                    **POOLING, "user": JSON.filter(lambda v: v is not None and not isinstance(v, str)),
                    "max_tokens_per_doc": st.one_of(st.integers(-5, 0), NOT_INT),
                    "rank_fields": JSON.filter(lambda v: v not in (None, ["text"]))},
+    "/v1/score": {"model": MODELS.filter(lambda m: m not in (None, "rerank")), "text_1": SIDES, "text_2": SIDES,
+                  # the other names of the two sides: beside text_1 and text_2, any value but null mixes them
+                  **dict.fromkeys(("data_1", "data_2", "queries", "documents", "items"), NOT_NULL), **POOLING,
+                  "user": JSON.filter(lambda v: v is not None and not isinstance(v, str)),
+                  "request_id": JSON.filter(lambda v: v is not None and not isinstance(v, str)),
+                  "mm_processor_kwargs": JSON.filter(lambda v: v not in (None, {})),
+                  **dict.fromkeys(("use_activation", "activation", "softmax"), NOT_FALSE)},
 }
 
 

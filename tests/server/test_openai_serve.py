@@ -66,6 +66,7 @@ def test_the_frontend_needs_its_keys_and_takes_its_flags(served):
         OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     unauthorized = httpx.get(f"{url}/v1/models")
     assert unauthorized.status_code == 401 and unauthorized.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.post(f"{url}/score", json={"text_1": "q", "text_2": "d"}).status_code == 401
     assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/metrics").status_code == 200
     bearer = {"Authorization": f"Bearer {API_KEY}"}
     assert httpx.get(f"{url}/v1/models", headers=bearer).json() == {"object": "list", "data": []}   # echo: no endpoint

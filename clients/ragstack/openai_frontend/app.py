@@ -24,6 +24,7 @@ from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.guard import Guard
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.openai_frontend.rerank import rerank, rerank_v2
+from ragstack.openai_frontend.score import score
 from ragstack.openai_frontend.tokenization import detokenize, tokenize
 from ragstack.openai_frontend.triton import Triton
 
@@ -60,6 +61,8 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     for path in ("/v1/rerank", "/rerank"):
         route(path, rerank)
     route("/v2/rerank", rerank_v2)   # Cohere v2's
+    for path in ("/score", "/v1/score"):   # vLLM's paths, /score first
+        route(path, score)
     route("/v1/chat/completions", chat_completions)
     route("/v1/completions", completions)
     route("/v1/embeddings", embeddings)

@@ -42,7 +42,7 @@ IN_FLIGHT = Gauge("ragstack_openai_requests_in_flight", "Requests being answered
                   registry=REGISTRY, multiprocess_mode="livesum")
 # The endpoint label: the API's paths, anything else as "other".
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
-             "/v1/models", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize")
+             "/score", "/v1/score", "/v1/models", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize")
 
 
 def endpoint_of(path: str) -> str:

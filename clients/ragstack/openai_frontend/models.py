@@ -5,7 +5,7 @@ tensors, so a model of one's own with the same tensors is served too.
   vLLM's tokenize and detokenize (endpoint "tokenize")
 - rag: `query` in, `text_output` and `sources` out (the `rag` ensemble): chat, with sources
 - embed: `text` in, `embedding` out (the `embed` ensemble): embeddings
-- rerank: `query` and `passages` in, `scores` out (the `rerank` ensemble): rerank
+- rerank: `query` and `passages` in, `scores` out (the `rerank` ensemble): rerank and vLLM's score
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ragstack.openai_frontend.errors import APIError, model_not_found
 from ragstack.openai_frontend.triton import CONFIG_CACHE_S, Triton
 
 ENDPOINTS = {"llm": ("chat.completions", "completions", "tokenize"), "rag": ("chat.completions",),
-             "embed": ("embeddings",), "rerank": ("rerank",)}
+             "embed": ("embeddings",), "rerank": ("rerank", "score")}
 CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
 _ONLY: dict[str, tuple[float, str]] = {}   # endpoint -> (when, the one model serving it) for requests without one
 

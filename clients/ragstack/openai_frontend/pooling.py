@@ -53,9 +53,14 @@ class Ran:
 
 
 async def run(request: Request, triton: Triton, model: str, batches: list[dict[str, np.ndarray]],
-              params: dict[str, str]) -> Ran:
+              params: dict[str, str], at_once: int | None = None) -> Ran:
+    """Every batch with its token counts, `at_once` batches in flight at a time (None: all of them)."""
+    gate = asyncio.Semaphore(at_once or max(len(batches), 1))
+
     async def one(inputs: dict[str, np.ndarray]) -> tuple[dict, np.ndarray | None]:
-        return await asyncio.gather(triton.infer(model, inputs, params), tokens.counts(triton, model, inputs, params))
+        async with gate:
+            return await asyncio.gather(triton.infer(model, inputs, params),
+                                        tokens.counts(triton, model, inputs, params))
 
     done = await unless_gone(request, asyncio.gather(*(one(b) for b in batches)))
     counts = None if any(c is None for _, c in done) else np.concatenate([c for _, c in done])
@@ -69,10 +74,12 @@ def _truncated(outputs: dict[str, np.ndarray]) -> np.ndarray:
     return np.zeros(len(next(iter(outputs.values()))), bool)
 
 
-def check_cut(ran: Ran, cut: int | None, model: str, label: Callable[[int], str], must_ask: bool) -> None:
+def check_cut(ran: Ran, cut: int | None, model: str, label: Callable[[int], str], must_ask: bool,
+              param: Callable[[int], str] | None = None) -> None:
     """A text longer than the model reads is cut at its limit (`truncated`; its count is then that limit).
-    `must_ask` (embeddings: OpenAI and vLLM refuse an input over the limit): only with truncate_prompt_tokens.
-    A `cut` below a text's count is refused: the tokenizer step cuts at the model's limit only."""
+    `must_ask` (embeddings and score: vLLM refuses an input over the limit): only with truncate_prompt_tokens;
+    the refusal names `param(i)` (default: the label). A `cut` below a text's count is refused: the
+    tokenizer step cuts at the model's limit only."""
     if cut is not None and cut > 0 and ran.counts is not None:
         over = np.flatnonzero(ran.counts > cut)
         if over.size:
@@ -85,4 +92,4 @@ def check_cut(ran: Ran, cut: int | None, model: str, label: Callable[[int], str]
         i = int(np.flatnonzero(ran.truncated)[0])
         limit = f" ({ran.counts[i]} tokens)" if ran.counts is not None else ""
         raise APIError(400, f"{label(i)} is longer than model '{model}' reads{limit}; send truncate_prompt_tokens: "
-                            "-1 to have it cut there", label(i))
+                            "-1 to have it cut there", (param or label)(i))

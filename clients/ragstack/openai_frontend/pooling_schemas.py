@@ -1,11 +1,12 @@
-"""The embeddings and rerank request bodies, as OpenAI (embeddings) and vLLM, Jina and Cohere (rerank) define
-them, and their size checks.
+"""The embeddings, rerank and score request bodies, as OpenAI (embeddings), vLLM, Jina and Cohere (rerank) and
+vLLM (score) define them, and their size checks.
 
 Vendor fields these servers take are declared: those that change nothing here are accepted, those asking
 for something this server does not do are refused naming the field (only the values meaning the default
 pass). Any other field is refused as unsupported (OpenAI refuses unknown fields on embeddings)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import model_validator
@@ -14,6 +15,10 @@ from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.openai_frontend.schemas import Strict, check_text, token_ids
 
+# vLLM's names of a score request's two sides: text_1 and text_2 in every version, the others in newer ones.
+SCORE_SIDES = (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items"))
+SCORE_FIELDS = tuple(dict.fromkeys(name for pair in SCORE_SIDES for name in pair))
+ACTIVATION = ("use_activation", "activation", "softmax")   # vLLM's name, and the two it replaced
 IDS_HINT = ("token ids are not supported (LangChain's OpenAIEmbeddings sends tiktoken ids: pass "
             "check_embedding_ctx_length=False)")
 
@@ -110,6 +115,82 @@ class RerankRequest(Pooling):
         for i, text in enumerate(texts):
             check_text(text, f"documents[{i}]", limits)
         return texts
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a score request's pairs: the field it came in, its texts, and whether it was one string."""
+    field: str
+    texts: list[str]
+    single: bool
+
+    def param(self, i: int) -> str:
+        """How a refusal names text i."""
+        return self.field if self.single else f"{self.field}[{i}]"
+
+
+class ScoreRequest(Pooling):
+    model: str | None = None   # vLLM's rule: none given, the one model that serves the endpoint
+    text_1: Any = None   # each side a string or a list of strings, under one of SCORE_SIDES' names
+    text_2: Any = None
+    data_1: Any = None
+    data_2: Any = None
+    queries: Any = None
+    documents: Any = None
+    items: Any = None
+    user: str | None = None
+    request_id: str | None = None   # vLLM's; accepted, not used
+    mm_processor_kwargs: dict[str, Any] | None = None   # vLLM's, for a multimodal model's processor: none here
+    use_activation: bool | None = None   # score.py: only null or false can be honoured
+    activation: bool | None = None
+    softmax: bool | None = None
+
+    @model_validator(mode="after")
+    def _as_served(self) -> ScoreRequest:
+        if self.mm_processor_kwargs:
+            raise APIError(400, "mm_processor_kwargs: the rerank models here read text only; there is no "
+                                "multimodal processor to pass them to", "mm_processor_kwargs")
+        for name in ACTIVATION:
+            if getattr(self, name):
+                raise APIError(400, f"{name}: true is not supported: the score is the rerank model's own and no "
+                                    "activation is applied to it here (a cross-encoder's raw logit stays a logit, "
+                                    "not vLLM's sigmoid of it); send false or leave it out", name)
+        return self
+
+    def sides(self, limits: FrontendLimits) -> tuple[Side, Side]:
+        """The two sides of the pairs, paired as vLLM pairs them: one first text with each second text
+        (1 x N), or the first texts with the second texts one by one (N x N)."""
+        given = [name for name in SCORE_FIELDS if getattr(self, name) is not None]
+        names = next((pair for pair in SCORE_SIDES if set(pair) == set(given)), None)
+        if names is None:
+            pairs = ", ".join(" and ".join(pair) for pair in SCORE_SIDES)
+            got = f"got {', '.join(given)}" if given else "got none"
+            raise APIError(400, f"a score request names its pairs' two sides by one of {pairs}; {got}",
+                           given[0] if given else "text_1")
+        first, second = (_side(name, getattr(self, name), limits) for name in names)
+        if len(first.texts) > 1 and len(first.texts) != len(second.texts):
+            raise APIError(400, f"Input lengths must be either 1:1, 1:N or N:N; got {len(first.texts)} texts in "
+                                f"{first.field} and {len(second.texts)} in {second.field}", first.field)
+        return first, second
+
+
+def _side(field: str, value: Any, limits: FrontendLimits) -> Side:
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list):
+        raise APIError(400, f"{field} must be a string or a list of strings, got {type(value).__name__}", field)
+    if not texts:
+        raise APIError(400, f"{field} must hold at least one text", field)
+    if len(texts) > limits.max_rerank_documents:
+        raise APIError(400, f"{field} has {len(texts)} items; the limit is {limits.max_rerank_documents} "
+                            "(max_rerank_documents)", field)
+    side = Side(field, texts, isinstance(value, str))
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            why = "the rerank models here read no multimodal content" if isinstance(text, dict) else \
+                f"got {type(text).__name__}"
+            raise APIError(400, f"{side.param(i)} must be a string; {why}", side.param(i))
+        check_text(text, side.param(i), limits)
+    return side
 
 
 def _document_text(document: Any, param: str) -> str:

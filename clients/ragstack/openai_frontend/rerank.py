@@ -37,13 +37,9 @@ async def _rerank(request: Request, frontend: Frontend, version: str, documents:
     texts = body.texts(frontend.limits)
     pooling.check_texts([("query", body.query), *((f"documents[{i}]", text) for i, text in enumerate(texts))],
                         served.name, await pooling.max_text_bytes(frontend.triton, served.name))
-    size = frontend.limits.rerank_batch
-    batches = [{"query": t.text(body.query), "passages": t.texts(texts[i:i + size])}
-               for i in range(0, len(texts), size)]
-    ran = await pooling.run(request, frontend.triton, served.name, batches, PARAMS)
+    scores, ran = await scored(request, frontend, served.name, [(body.query, texts)], PARAMS)
     pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"documents[{i}] with the query",
                       must_ask=False)
-    scores = np.concatenate([o["scores"].reshape(-1) for o in ran.outputs])
     order = sorted(range(len(texts)), key=lambda i: -scores[i])[:body.top_n or None]
     returned = documents if body.return_documents is None else body.return_documents
     results = [{"index": i, "relevance_score": float(scores[i]),
@@ -51,3 +47,16 @@ async def _rerank(request: Request, frontend: Frontend, version: str, documents:
     return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": served.name, "results": results,
                          "usage": {"total_tokens": ran.used()},
                          "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
+
+
+async def scored(request: Request, frontend: Frontend, model: str, groups: list[tuple[str, list[str]]],
+                 params: dict[str, str]) -> tuple[np.ndarray, pooling.Ran]:
+    """Each group's passages scored against its query by the rerank model, in batches of `rerank_batch`;
+    the scores in the groups' order. At most `rerank_batch` batches are in flight: as many one-pair
+    requests as the reranker merges into one batch (its max_batch_size); more would only wait in its
+    queue, which refuses requests past its max_queue_size (256)."""
+    size = frontend.limits.rerank_batch
+    batches = [{"query": t.text(query), "passages": t.texts(passages[i:i + size])}
+               for query, passages in groups for i in range(0, len(passages), size)]
+    ran = await pooling.run(request, frontend.triton, model, batches, params, at_once=size)
+    return np.concatenate([o["scores"].reshape(-1) for o in ran.outputs]), ran

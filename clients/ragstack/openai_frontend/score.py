@@ -1,0 +1,57 @@
+"""`POST /score` and `/v1/score`: vLLM's score API (sentence-transformers' `CrossEncoder.predict` over HTTP).
+Pairs of texts in: `text_1` and `text_2` (or vLLM's newer names, pooling_schemas.SCORE_SIDES), each a string or
+a list of strings, paired 1 x N (one first text with every second text) or N x N (one by one); one score per pair
+out, in `data` by the pair's index (not sorted, unlike rerank), with `usage` as vLLM counts it.
+
+Each pair goes through the same rerank model and path as `/v1/rerank`, so its score equals rerank's
+`relevance_score` for the same query and document. The score is that model's own output: the cosine of the two
+texts' embeddings for the bundled reranker (version 1, pair-cosine; vLLM's score of an embedding model is that
+cosine too), a raw logit for a cross-encoder export, where vLLM by default gives its sigmoid (its `use_activation`
+null or true). No activation is applied here, and the frontend cannot tell which kind of version Triton serves,
+so `use_activation: true` (and vLLM's older `activation`, `softmax`) is refused rather than answered with a
+logit; false, or none, gets the model's score. A pair longer than the model reads is refused, as vLLM refuses it,
+unless `truncate_prompt_tokens` asks for the cut (pooling.check_cut)."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ragstack.openai_frontend import metrics, models, pooling
+from ragstack.openai_frontend.frontend import Frontend
+from ragstack.openai_frontend.pooling_schemas import ScoreRequest
+from ragstack.openai_frontend.request_body import parse
+from ragstack.openai_frontend.rerank import scored
+
+
+async def score(request: Request, frontend: Frontend) -> JSONResponse:
+    """vLLM's `/score` and `/v1/score`: one score per (text_1, text_2) pair from a rerank model."""
+    body = await parse(request, ScoreRequest, frontend.limits)
+    served = await models.served(frontend.triton, body.model, "score")
+    metrics.served_model(request, served.name)
+    first, second = body.sides(frontend.limits)
+    pooling.check_texts([(side.param(i), text) for side in (first, second) for i, text in enumerate(side.texts)],
+                        served.name, await pooling.max_text_bytes(frontend.triton, served.name))
+    of_pair = (lambda i: i) if len(first.texts) > 1 else (lambda i: 0)   # pair i's first text
+    # The rerank model takes one query and many passages a request: the pairs that share a first text go
+    # together, and each other first text is a request of its own, run side by side (rerank.scored), where
+    # the reranker's dynamic batcher merges their pairs into its batches again.
+    groups: dict[str, list[int]] = {}
+    for i in range(len(second.texts)):
+        groups.setdefault(first.texts[of_pair(i)], []).append(i)
+    order = [i for pairs in groups.values() for i in pairs]   # the pairs as the model scores them
+    scores, ran = await scored(request, frontend, served.name,
+                               [(query, [second.texts[i] for i in pairs]) for query, pairs in groups.items()],
+                               {"query": first.field, "passages": second.field, "text": second.field})
+    pooling.check_cut(ran, body.truncate_prompt_tokens, served.name,
+                      lambda k: f"{second.param(order[k])} with {first.param(of_pair(order[k]))}", must_ask=True,
+                      param=lambda k: second.param(order[k]))
+    by_pair = np.empty_like(scores)
+    by_pair[order] = scores
+    data = [{"index": i, "object": "score", "score": float(value)} for i, value in enumerate(by_pair)]
+    return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                         "model": served.name, "data": data,
+                         "usage": {"prompt_tokens": ran.used(), "total_tokens": ran.used(), "completion_tokens": 0}})
