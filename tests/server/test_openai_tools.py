@@ -86,6 +86,23 @@ def test_required_gives_calls_that_follow_the_tools_schemas(client):
     assert chunks[0].choices[0].delta.role == "assistant"
 
 
+def test_required_takes_parameters_with_defs(client):
+    """Pydantic's nested models come as `$ref`s into the parameters' `$defs` (LlamaIndex sends them so); under
+    `required` they resolve, as in vLLM, also when two tools share a definition."""
+    street = {"type": "object", "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 99}},
+              "required": ["number"], "additionalProperties": False}
+    town = {"type": "object", "properties": {"streets": {"type": "array", "items": {"$ref": "#/$defs/Street"},
+                                                         "minItems": 1, "maxItems": 2}},
+            "required": ["streets"], "additionalProperties": False, "$defs": {"Street": street}}
+    tools = [{"type": "function", "function": {"name": name, "parameters": town}} for name in ("town", "city")]
+    [choice] = client.chat.completions.create(model="llm", messages=ASK, tools=tools, tool_choice="required",
+                                              seed=1, **MANY).choices
+    calls = whole_calls(choice.message)
+    assert calls and choice.finish_reason == "tool_calls"
+    for call in calls:
+        jsonschema.validate(json.loads(call["arguments"]), town)
+
+
 def test_parallel_tool_calls_false_gives_one_call(client):
     for seed, stream in ((11, False), (12, True)):
         answer = client.chat.completions.create(model="llm", messages=ASK, tools=TOOLS, tool_choice="required",
@@ -188,6 +205,10 @@ BAD = [
      "tool_choice and guided_choice both constrain the output"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
       "tool_choice": "required"}, "tool_choice", 'Unsupported type "nonsense"'),
+    ({"tools": [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": t}}}}}
+        for n, t in (("f", "string"), ("g", "integer"))], "tool_choice": "required"},
+     "tools[1].function.parameters", "tools[1].function.parameters.$defs.P differs from another tool's"),
     ({"messages": [*ASK, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
      "messages[1].tool_calls[0].function.arguments", "is not valid JSON"),
