@@ -35,19 +35,19 @@ async def score(request: Request, frontend: Frontend) -> JSONResponse:
     first, second = body.sides(frontend.limits)
     pooling.check_texts([(side.param(i), text) for side in (first, second) for i, text in enumerate(side.texts)],
                         served.name, await pooling.max_text_bytes(frontend.triton, served.name))
-    of_pair = (lambda i: i) if len(first.texts) > 1 else (lambda i: 0)   # pair i's first text
+    first_of = [i if len(first.texts) > 1 else 0 for i in range(len(second.texts))]   # pair i's first text
     # The rerank model takes one query and many passages a request: the pairs that share a first text go
     # together, and each other first text is a request of its own, run side by side (rerank.scored), where
     # the reranker's dynamic batcher merges their pairs into its batches again.
     groups: dict[str, list[int]] = {}
     for i in range(len(second.texts)):
-        groups.setdefault(first.texts[of_pair(i)], []).append(i)
+        groups.setdefault(first.texts[first_of[i]], []).append(i)
     order = [i for pairs in groups.values() for i in pairs]   # the pairs as the model scores them
     scores, ran = await scored(request, frontend, served.name,
                                [(query, [second.texts[i] for i in pairs]) for query, pairs in groups.items()],
                                {"query": first.field, "passages": second.field, "text": second.field})
     pooling.check_cut(ran, body.truncate_prompt_tokens, served.name,
-                      lambda k: f"{second.param(order[k])} with {first.param(of_pair(order[k]))}", must_ask=True,
+                      lambda k: f"{second.param(order[k])} with {first.param(first_of[order[k]])}", must_ask=True,
                       param=lambda k: second.param(order[k]))
     by_pair = np.empty_like(scores)
     by_pair[order] = scores
