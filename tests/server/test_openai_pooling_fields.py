@@ -103,7 +103,7 @@ def test_a_text_past_the_tokenizers_bytes_is_named_by_its_index_in_the_request(t
 def test_cohere_and_vllm_rerank_fields(triton_server, triton):
     direct = triton.rerank(QUESTION, DOCUMENTS)
     body = {"model": "rerank", "query": QUESTION, "user": "u", "max_tokens_per_doc": 512, "rank_fields": ["text"],
-            "truncate_prompt_tokens": -1, "priority": 0,
+            "truncate_prompt_tokens": -1, "priority": 0, "use_activation": False, "activation": None,
             "documents": [{"text": DOCUMENTS[0], "title": "fruit", "id": 7}, DOCUMENTS[1], {"text": DOCUMENTS[2]}]}
     answer = post(triton_server, "/v1/rerank", body)
     assert answer.status_code == 200, answer.text
@@ -116,6 +116,8 @@ def test_cohere_and_vllm_rerank_fields(triton_server, triton):
             ("max_tokens_per_doc", 0, "max_tokens_per_doc", "at least 1"),
             ("priority", 2, "priority", "only 0"),
             ("top_n", -1, "top_n", "at least 0"),
+            ("use_activation", True, "use_activation", "use_activation: true is not supported"),
+            ("softmax", True, "softmax", "no activation is applied"),
             ("return_urls", True, "return_urls", "'return_urls' is not supported by this endpoint")):
         assert words in error_of(post(triton_server, "/v1/rerank", {**body, field: value}), param)
 

@@ -82,7 +82,26 @@ class EmbeddingRequest(Pooling):
         return texts
 
 
-class RerankRequest(Pooling):
+class Scored(Pooling):
+    """vLLM's rerank and score: the score is the rerank model's own (a cosine for the bundled pair-cosine, a
+    cross-encoder's raw logit), with no activation applied, and the frontend cannot tell over gRPC which kind of
+    version Triton serves; so asking for vLLM's activation (a sigmoid of a cross-encoder's logit) is refused
+    rather than answered with a logit where a probability is expected. False and null take the model's score."""
+    use_activation: bool | None = None
+    activation: bool | None = None
+    softmax: bool | None = None
+
+    @model_validator(mode="after")
+    def _no_activation(self) -> Scored:
+        for name in ACTIVATION:
+            if getattr(self, name):
+                raise APIError(400, f"{name}: true is not supported: the score is the rerank model's own and no "
+                                    "activation is applied to it here (a cross-encoder's raw logit stays a logit, "
+                                    "not vLLM's sigmoid of it); send false or leave it out", name)
+        return self
+
+
+class RerankRequest(Scored):
     model: str | None = None   # vLLM's rule: none given, the one model that serves the endpoint
     query: str
     documents: list[Any]   # strings or objects with a `text` (Cohere's and Jina's; other keys ignored)
@@ -129,7 +148,7 @@ class Side:
         return self.field if self.single else f"{self.field}[{i}]"
 
 
-class ScoreRequest(Pooling):
+class ScoreRequest(Scored):
     model: str | None = None   # vLLM's rule: none given, the one model that serves the endpoint
     text_1: Any = None   # each side a string or a list of strings, under one of SCORE_SIDES' names
     text_2: Any = None
@@ -141,20 +160,12 @@ class ScoreRequest(Pooling):
     user: str | None = None
     request_id: str | None = None   # vLLM's; accepted, not used
     mm_processor_kwargs: dict[str, Any] | None = None   # vLLM's, for a multimodal model's processor: none here
-    use_activation: bool | None = None   # score.py: only null or false can be honoured
-    activation: bool | None = None
-    softmax: bool | None = None
 
     @model_validator(mode="after")
     def _as_served(self) -> ScoreRequest:
         if self.mm_processor_kwargs:
             raise APIError(400, "mm_processor_kwargs: the rerank models here read text only; there is no "
                                 "multimodal processor to pass them to", "mm_processor_kwargs")
-        for name in ACTIVATION:
-            if getattr(self, name):
-                raise APIError(400, f"{name}: true is not supported: the score is the rerank model's own and no "
-                                    "activation is applied to it here (a cross-encoder's raw logit stays a logit, "
-                                    "not vLLM's sigmoid of it); send false or leave it out", name)
         return self
 
     def sides(self, limits: FrontendLimits) -> tuple[Side, Side]:
