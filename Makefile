@@ -40,12 +40,14 @@ setup: $(STAMPS)/venv
 
 # The venv: pinned dependencies, the project in editable mode, and the system library the
 # Python backend stub links against (Debian's libpython for the venv's Python).
-$(STAMPS)/venv: requirements.lock requirements-lm-eval.lock pyproject.toml scripts/setup_system.sh
+$(STAMPS)/venv: requirements.lock requirements-lm-eval.lock requirements-client-libs.lock pyproject.toml \
+		scripts/setup_system.sh
 	bash scripts/setup_system.sh $(PYTHON)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip $(QUIET)
 	$(PIP) -r requirements.lock $(QUIET)
 	$(PIP) --no-deps -r requirements-lm-eval.lock $(QUIET)
+	$(PIP) --no-deps -r requirements-client-libs.lock $(QUIET)
 	$(PIP) --no-deps --no-build-isolation -e . $(QUIET) >/dev/null
 	@mkdir -p $(STAMPS) && touch $@
 
