@@ -1,8 +1,8 @@
-"""LangChain's own OpenAI classes (`langchain-openai`: ChatOpenAI, OpenAIEmbeddings), unchanged, against the
-session server's frontend, as an application uses them: invoke, stream, batch and their async forms answer
-what the official `openai` package gets for the same request; sampling keys, n, logprobs, tools with a
-tool-result round trip, structured output by JSON schema and by function calling, the rag model, and
-embeddings in batches. Embeddings run with `check_embedding_ctx_length=False`, LangChain's setting for servers
+"""LangChain's own OpenAI classes (`langchain-openai`: ChatOpenAI, OpenAI, OpenAIEmbeddings), unchanged, against
+the session server's frontend, as an application uses them: invoke, stream, batch and their async forms answer
+what the official `openai` package gets for the same request; sampling keys, n, logprobs, the context-length
+error, tools with a tool-result round trip, structured output by JSON schema and by function calling, the rag
+model, and embeddings in batches. Embeddings run with `check_embedding_ctx_length=False`, LangChain's setting for servers
 that are not OpenAI (it would otherwise tokenize with tiktoken, whose encodings are downloaded)."""
 from __future__ import annotations
 
@@ -50,6 +50,20 @@ def test_invoke_stream_and_batch_answer_as_the_openai_client(chat, client):
     assert asyncio.run(both()) == (answer.content, answer.content)
 
 
+def test_the_completions_class_answers_as_the_openai_client(triton_server, client):
+    """langchain-openai's `OpenAI` (completions; it sends the prompts as a list, in batches of batch_size)."""
+    from langchain_openai import OpenAI
+
+    prompts = [HELLO, "The KV cache", "Paged attention"]
+    direct = client.completions.create(model="llm", prompt=prompts, **GREEDY)
+    llm = OpenAI(base_url=f"{triton_server.openai_url}/v1", api_key="unused", model="llm", max_retries=0,
+                 batch_size=2, **GREEDY)
+    result = llm.generate(prompts)
+    assert [g[0].text for g in result.generations] == [c.text for c in direct.choices]
+    assert result.llm_output["token_usage"]["completion_tokens"] == 24
+    assert "".join(llm.stream(HELLO)) == direct.choices[0].text
+
+
 def test_stop_seed_and_max_tokens_reach_the_llm(chat):
     long = chat(**{**GREEDY, "max_tokens": 12}).invoke(HELLO).content
     at = next(i for i in range(1, len(long) - 1) if long[i:i + 2].isascii() and long[i:i + 2].isalpha())
@@ -57,6 +71,19 @@ def test_stop_seed_and_max_tokens_reach_the_llm(chat):
     assert cut.content == long[:at] and cut.response_metadata["finish_reason"] == "stop"
     sampled = [chat(temperature=1.0, seed=seed, max_tokens=6).invoke(HELLO).content for seed in (3, 3, 4)]
     assert sampled[0] == sampled[1] != sampled[2]
+
+
+def test_a_prompt_past_the_context_is_an_invalid_request_with_openais_code(chat):
+    """LangChain's invalid-request error, OpenAI's code on it. (LangChain raises its ContextOverflowError when
+    str(error) holds that code: openai 2's errors print the body, openai 3's only its message.)"""
+    from langchain_core.exceptions import ModelInvalidRequestError
+
+    llm = chat(max_tokens=4)
+    for ask in (llm.invoke, lambda text: list(llm.stream(text))):
+        with pytest.raises(ModelInvalidRequestError) as refused:
+            ask("word " * 3000)
+        assert refused.value.code == "context_length_exceeded"
+        assert "maximum context length is 2048 tokens" in refused.value.message
 
 
 def test_n_choices_and_logprobs(chat, client):
