@@ -2,8 +2,8 @@
 the session server's frontend, as an application uses them: invoke, stream, batch and their async forms answer
 what the official `openai` package gets for the same request; sampling keys, n, logprobs, the context-length
 error, tools with a tool-result round trip, structured output by JSON schema and by function calling, the rag
-model, and embeddings in batches. Embeddings run with `check_embedding_ctx_length=False`, LangChain's setting for servers
-that are not OpenAI (it would otherwise tokenize with tiktoken, whose encodings are downloaded)."""
+model, and embeddings in batches. Embeddings run with `check_embedding_ctx_length=False`, LangChain's setting
+for servers that are not OpenAI (it would otherwise tokenize with tiktoken, whose encodings are downloaded)."""
 from __future__ import annotations
 
 import asyncio
