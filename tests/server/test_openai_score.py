@@ -3,6 +3,7 @@
 pairs' index in vLLM's shape, vLLM's pairing and truncation rules, and refusals that name the field."""
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import httpx2 as httpx
@@ -100,7 +101,7 @@ def test_no_activation_is_applied_so_asking_for_one_is_refused(http):
     ({"queries": ["a", "b", "c"], "documents": "d"}, "queries", "got 3 texts in queries and 1 in documents"),
     ({"text_1": [], "text_2": ["d"]}, "text_1", "text_1 must hold at least one text"),
     ({"text_1": "q", "text_2": []}, "text_2", "text_2 must hold at least one text"),
-    ({"text_1": "q"}, "text_1", "by one of text_1 and text_2, data_1 and data_2, queries and documents, queries "
+    ({"text_1": "q"}, "text_2", "by one of text_1 and text_2, data_1 and data_2, queries and documents, queries "
                                 "and items; got text_1"),
     ({"text_1": "q", "documents": ["d"]}, "text_1", "got text_1, documents"),
     ({"text_1": "q", "text_2": 5}, "text_2", "text_2 must be a string or a list of strings, got int"),
@@ -142,6 +143,37 @@ def test_a_pair_longer_than_the_model_reads_needs_truncate_prompt_tokens(http):
         assert got["usage"]["prompt_tokens"] == tokens + rerank(http, "q", ["short"])[1]
     message = refused(http.post("/v1/score", json={**body, "truncate_prompt_tokens": 20}), "truncate_prompt_tokens")
     assert f"text_2[1] with text_1[1] keeps {LIMIT} tokens, more than 20" in message
+
+
+def test_a_first_text_longer_than_the_model_reads_is_the_one_named(http):
+    message = refused(http.post("/v1/score", json={"model": "rerank", "text_1": LONG, "text_2": ["a", "b"]}),
+                      "text_1")
+    assert message.startswith("text_2[0] with text_1 is longer than model 'rerank' reads")
+
+
+def test_groups_split_over_batches_keep_each_pairs_score(http):
+    """Two first texts taking turns, 65 pairs each: each group goes to the model in two batches (64 a batch)."""
+    topics = [f"Document {i} says the KV cache is paged into block {i}." for i in range(65)]
+    queries = [QUESTION, "Where are keys and values kept?"]
+    got = answered(http.post("/v1/score", json={"model": "rerank", "text_1": [queries[i % 2] for i in range(130)],
+                                                "text_2": [topics[i // 2] for i in range(130)]}))
+    expected = [rerank(http, query, topics)[0] for query in queries]
+    assert [d["score"] for d in got["data"]] == pytest.approx([expected[i % 2][i // 2] for i in range(130)],
+                                                              abs=1e-5)
+
+
+def test_concurrent_requests_of_many_pairs_stay_within_the_rerankers_queue(triton_server):
+    """Six requests of 300 one-pair groups at once: 1,800 requests to the rerank model, which queues at most
+    256; the frontend keeps 128 in flight for all of them, so none is refused."""
+    def one(n: int) -> httpx.Response:
+        body = {"model": "rerank", "text_1": [f"question {n}.{i}" for i in range(300)],
+                "text_2": [f"passage {i}" for i in range(300)]}
+        with httpx.Client(base_url=triton_server.openai_url, timeout=300) as client:
+            return client.post("/v1/score", json=body)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(one, range(6)))
+    assert [a.status_code for a in answers] == [200] * 6, [a.text[:300] for a in answers if a.status_code != 200]
 
 
 def test_an_unknown_model_is_404(http):

@@ -32,7 +32,7 @@ async def embeddings(request: Request, frontend: Frontend) -> JSONResponse:
                         await pooling.max_text_bytes(frontend.triton, served.name))
     size = frontend.limits.embed_batch
     batches = [{"text": t.texts(texts[i:i + size])} for i in range(0, len(texts), size)]
-    ran = await pooling.run(request, frontend.triton, served.name, batches, PARAMS)
+    ran = await pooling.run(request, frontend.triton, served.name, batches, PARAMS, frontend.embed_gate)
     pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"input[{i}]", must_ask=True)
     vectors = np.concatenate([o["embedding"] for o in ran.outputs]).astype("<f4")
     data = [{"object": "embedding", "index": i,

@@ -6,6 +6,7 @@ batches run beside their token counts (tokens.py); and the rule for a text longe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,16 +54,25 @@ class Ran:
 
 
 async def run(request: Request, triton: Triton, model: str, batches: list[dict[str, np.ndarray]],
-              params: dict[str, str], at_once: int | None = None) -> Ran:
-    """Every batch with its token counts, `at_once` batches in flight at a time (None: all of them)."""
-    gate = asyncio.Semaphore(at_once or max(len(batches), 1))
+              params: dict[str, str], gate: asyncio.Semaphore | None = None) -> Ran:
+    """Every batch with its token counts; with a `gate`, each batch in flight holds it. The first batch
+    that fails cancels the others, sent or waiting: the request's answer is its error, and the rest would
+    only load the model (and its queue) for nothing."""
 
     async def one(inputs: dict[str, np.ndarray]) -> tuple[dict, np.ndarray | None]:
-        async with gate:
+        async with gate or contextlib.nullcontext():
             return await asyncio.gather(triton.infer(model, inputs, params),
                                         tokens.counts(triton, model, inputs, params))
 
-    done = await unless_gone(request, asyncio.gather(*(one(b) for b in batches)))
+    async def every() -> list[tuple[dict, np.ndarray | None]]:
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(b)) for b in batches]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None   # the first failure is the request's answer
+        return [task.result() for task in tasks]
+
+    done = await unless_gone(request, every())
     counts = None if any(c is None for _, c in done) else np.concatenate([c for _, c in done])
     return Ran([o for o, _ in done], counts, np.concatenate([_truncated(o) for o, _ in done]))
 

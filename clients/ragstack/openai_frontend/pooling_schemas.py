@@ -176,8 +176,11 @@ class ScoreRequest(Scored):
         if names is None:
             pairs = ", ".join(" and ".join(pair) for pair in SCORE_SIDES)
             got = f"got {', '.join(given)}" if given else "got none"
+            # one side alone: the field missing is its partner
+            partner = next((b if a == given[0] else a for a, b in SCORE_SIDES if given[0] in (a, b)), None) \
+                if len(given) == 1 else None
             raise APIError(400, f"a score request names its pairs' two sides by one of {pairs}; {got}",
-                           given[0] if given else "text_1")
+                           partner or (given[0] if given else "text_1"))
         first, second = (_side(name, getattr(self, name), limits) for name in names)
         if len(first.texts) > 1 and len(first.texts) != len(second.texts):
             raise APIError(400, f"Input lengths must be either 1:1, 1:N or N:N; got {len(first.texts)} texts in "

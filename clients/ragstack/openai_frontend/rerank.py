@@ -52,11 +52,10 @@ async def _rerank(request: Request, frontend: Frontend, version: str, documents:
 async def scored(request: Request, frontend: Frontend, model: str, groups: list[tuple[str, list[str]]],
                  params: dict[str, str]) -> tuple[np.ndarray, pooling.Ran]:
     """Each group's passages scored against its query by the rerank model, in batches of `rerank_batch`;
-    the scores in the groups' order. At most `rerank_batch` batches are in flight: as many one-pair
-    requests as the reranker merges into one batch (its max_batch_size); more would only wait in its
-    queue, which refuses requests past its max_queue_size (256)."""
+    the scores in the groups' order. The batches in flight hold the process's rerank gate (Frontend): more
+    would only wait in the reranker's queue, which refuses requests past its max_queue_size (256)."""
     size = frontend.limits.rerank_batch
     batches = [{"query": t.text(query), "passages": t.texts(passages[i:i + size])}
                for query, passages in groups for i in range(0, len(passages), size)]
-    ran = await pooling.run(request, frontend.triton, model, batches, params, at_once=size)
+    ran = await pooling.run(request, frontend.triton, model, batches, params, frontend.rerank_gate)
     return np.concatenate([o["scores"].reshape(-1) for o in ran.outputs]), ran

@@ -46,9 +46,19 @@ async def score(request: Request, frontend: Frontend) -> JSONResponse:
     scores, ran = await scored(request, frontend, served.name,
                                [(query, [second.texts[i] for i in pairs]) for query, pairs in groups.items()],
                                {"query": first.field, "passages": second.field, "text": second.field})
+    at = {i: k for k, i in enumerate(order)}
+
+    def blamed(k: int) -> str:
+        """The field a pair past the model's limit is refused under: its first text where every one of its
+        several pairs is cut (the first text is the long one), else its second text."""
+        pairs = groups[first.texts[first_of[order[k]]]]
+        if len(pairs) > 1 and all(ran.truncated[at[i]] for i in pairs):
+            return first.param(first_of[order[k]])
+        return second.param(order[k])
+
     pooling.check_cut(ran, body.truncate_prompt_tokens, served.name,
                       lambda k: f"{second.param(order[k])} with {first.param(first_of[order[k]])}", must_ask=True,
-                      param=lambda k: second.param(order[k]))
+                      param=blamed)
     by_pair = np.empty_like(scores)
     by_pair[order] = scores
     data = [{"index": i, "object": "score", "score": float(value)} for i, value in enumerate(by_pair)]
