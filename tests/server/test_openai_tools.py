@@ -86,21 +86,66 @@ def test_required_gives_calls_that_follow_the_tools_schemas(client):
     assert chunks[0].choices[0].delta.role == "assistant"
 
 
-def test_required_takes_parameters_with_defs(client):
-    """Pydantic's nested models come as `$ref`s into the parameters' `$defs` (LlamaIndex sends them so); under
-    `required` they resolve, as in vLLM, also when two tools share a definition."""
-    street = {"type": "object", "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 99}},
-              "required": ["number"], "additionalProperties": False}
-    town = {"type": "object", "properties": {"streets": {"type": "array", "items": {"$ref": "#/$defs/Street"},
-                                                         "minItems": 1, "maxItems": 2}},
-            "required": ["streets"], "additionalProperties": False, "$defs": {"Street": street}}
-    tools = [{"type": "function", "function": {"name": name, "parameters": town}} for name in ("town", "city")]
+def tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def required_calls(client, tools: list[dict], seed: int, **kwargs) -> list[dict]:
     [choice] = client.chat.completions.create(model="llm", messages=ASK, tools=tools, tool_choice="required",
-                                              seed=1, **MANY).choices
-    calls = whole_calls(choice.message)
-    assert calls and choice.finish_reason == "tool_calls"
+                                              seed=seed, **kwargs).choices
+    assert choice.finish_reason == "tool_calls"
+    return whole_calls(choice.message)
+
+
+def ordering(item: dict) -> dict:
+    """Parameters with a Pydantic-style nested model: `#/$defs/Item`."""
+    return {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"},
+                                                       "minItems": 1, "maxItems": 2}},
+            "required": ["items"], "additionalProperties": False, "$defs": {"Item": item}}
+
+
+def test_required_takes_tools_defining_one_name_differently(client):
+    """Each tool's `$ref`s resolve in its own parameters (LlamaIndex sends two Pydantic models each nesting
+    an `Item`): both tools are called in one answer, each following its own `Item`."""
+    schemas = {"order": ordering({"type": "object", "properties": {"sku": {"type": "string", "maxLength": 6}},
+                                  "required": ["sku"], "additionalProperties": False}),
+               "restock": ordering({"type": "object", "properties": {"count": {"type": "integer", "minimum": 1,
+                                                                               "maximum": 9}},
+                                    "required": ["count"], "additionalProperties": False})}
+    calls = required_calls(client, [tool(name, schema) for name, schema in schemas.items()], seed=1, **MANY)
+    assert {call["name"] for call in calls} == set(schemas)
     for call in calls:
-        jsonschema.validate(json.loads(call["arguments"]), town)
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+
+
+def test_required_takes_draft_07_definitions(client):
+    """zod-to-json-schema (LangChain.js, the Vercel AI SDK), Pydantic v1 and many MCP servers refer to
+    `#/definitions/...`."""
+    town = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+            "properties": {"street": {"$ref": "#/definitions/Street"}}, "required": ["street"],
+            "additionalProperties": False, "definitions": {"Street": {
+                "type": "object", "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 99}},
+                "required": ["number"], "additionalProperties": False}}}
+    [call] = required_calls(client, [tool("town", town)], seed=1, parallel_tool_calls=False, **SAMPLED)
+    jsonschema.validate(json.loads(call["arguments"]), town)
+
+
+def test_required_takes_the_root_reference_and_json_pointers(client):
+    """`#` is the tool's own parameters (a linked list), not the array of calls; `#/properties/a` points
+    into them."""
+    linked = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                               "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+              "required": ["v", "next"], "additionalProperties": False}
+    [call] = required_calls(client, [tool("linked", linked)], seed=1, parallel_tool_calls=False,
+                            temperature=1.0, max_tokens=240)
+    arguments = json.loads(call["arguments"])
+    jsonschema.validate(arguments, linked)
+    assert isinstance(arguments["next"], dict)   # seed 1 nests: the reference was followed, into an object
+    pair = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                             "b": {"$ref": "#/properties/a"}},
+            "required": ["a", "b"], "additionalProperties": False}
+    [call] = required_calls(client, [tool("pair", pair)], seed=1, parallel_tool_calls=False, **SAMPLED)
+    jsonschema.validate(json.loads(call["arguments"]), pair)
 
 
 def test_parallel_tool_calls_false_gives_one_call(client):
@@ -205,10 +250,12 @@ BAD = [
      "tool_choice and guided_choice both constrain the output"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
       "tool_choice": "required"}, "tool_choice", 'Unsupported type "nonsense"'),
-    ({"tools": [{"type": "function", "function": {"name": n, "parameters": {
-        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": t}}}}}
-        for n, t in (("f", "string"), ("g", "integer"))], "tool_choice": "required"},
-     "tools[1].function.parameters", "tools[1].function.parameters.$defs.P differs from another tool's"),
+    ({"tools": [*TOOLS, {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#p"}, "q": {"$anchor": "p", "type": "integer"}}}}}],
+      "tool_choice": "required"}, "tools[2].function.parameters", "'#p' at /properties/p/$ref, a reference by anchor"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "p": {"$id": "https://example.com/p", "properties": {"q": {"$ref": "#/$defs/Q"}}, "$defs": {"Q": {}}}}}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters", "under the $id at /properties/p"),
     ({"messages": [*ASK, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
      "messages[1].tool_calls[0].function.arguments", "is not valid JSON"),

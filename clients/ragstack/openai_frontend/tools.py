@@ -3,8 +3,8 @@ the llm gets (its `tools` input, for the chat template to render; a JSON-schema 
 `required` and a named function) and how its answer is read (tool_parsers.py).
 
 - `required`: the output is a JSON array (one item unless parallel_tool_calls) whose items are
-  {"name": one tool's name, "parameters": that tool's parameters schema}, anyOf over the tools, their
-  `$defs` at the root, as vLLM builds it; each item becomes a tool call.
+  {"name": one tool's name, "parameters": that tool's parameters schema}, anyOf over the tools
+  (tool_schema.py); each item becomes a tool call.
 - a named function: the output is that function's arguments, under its parameters schema.
 - `auto` (the default with tools): calls are read in the format of the model family's chat template
   (`--openai-tool-call-parser`, or the one the llm reads from its template: chat_tools.py's control
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ragstack.openai_frontend import tool_grammar, tool_parsers
+from ragstack.openai_frontend import tool_grammar, tool_parsers, tool_schema
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.structured import schema_text
@@ -51,17 +51,7 @@ class ToolPlan:
             return {"guided_json": schema_text(self._parameters(self.name))}
         if self.choice != "required":
             return {}
-        parameters, defs = _defs_at_the_root(self.tools)
-        items = [{"type": "object", "properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
-                                                   "parameters": schema},
-                  "required": ["name", "parameters"], "additionalProperties": False}
-                 for tool, schema in zip(self.tools, parameters)]
-        schema = {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items}, "minItems": 1}
-        if not self.parallel:
-            schema["maxItems"] = 1
-        if defs:
-            schema["$defs"] = defs
-        return {"guided_json": schema_text(schema)}
+        return {"guided_json": schema_text(tool_schema.required(self.tools, self.parallel))}
 
     def strict_constraint(self) -> dict[str, Any]:
         """For auto with a strict tool, once `resolve` set the format: the structural tag; else none."""
@@ -82,24 +72,6 @@ class ToolPlan:
     def _parameters(self, name: str) -> dict:
         tool = next(tool for tool in self.tools if tool["function"]["name"] == name)
         return tool["function"].get("parameters") or NO_PARAMETERS
-
-
-def _defs_at_the_root(tools: list[dict]) -> tuple[list[dict], dict]:
-    """Each tool's parameters without their `$defs`, and those definitions together: nested in `required`'s
-    schema, a parameters schema's `#/$defs/...` references (Pydantic's nested models, as LlamaIndex sends
-    them) resolve only from that schema's root, so they move there, as vLLM moves them. Two tools defining
-    one name differently are refused, as vLLM refuses them."""
-    parameters, defs = [], {}
-    for i, tool in enumerate(tools):
-        schema = dict(tool["function"].get("parameters") or NO_PARAMETERS)
-        if isinstance(schema.get("$defs"), dict):   # any other value: the grammar compiler names it
-            for name, definition in schema.pop("$defs").items():
-                if defs.setdefault(name, definition) != definition:
-                    raise APIError(400, f"tools[{i}].function.parameters.$defs.{name[:64]} differs from another "
-                                        "tool's definition of that name; tool_choice 'required' takes one",
-                                   f"tools[{i}].function.parameters")
-        parameters.append(schema)
-    return parameters, defs
 
 
 def plan(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ToolPlan | None:
