@@ -1,7 +1,7 @@
 """Shared by the server tests: server options on free ports, the test-only repository, and POSTs to
 the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops), and
 statistics read once the server has counted what it answered, waiting for a condition, a process held
-stopped, and the demo llm's checkpoint and token ids."""
+stopped, and the demo llm's checkpoint and token ids, and the frontend's token count of a chat."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +26,12 @@ def tiny_llm_ids(text: str) -> list[int]:
     from tokenizers import Tokenizer  # noqa: PLC0415 - the tests that tokenize are few
 
     return Tokenizer.from_file(str(TINY_LLM / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+
+def chat_prompt_tokens(client, messages: list[dict]) -> int:
+    """The frontend's /tokenize count of `messages` (the official `openai` client's), rendered as a chat
+    completion renders them: its usage.prompt_tokens."""
+    return client.post("/tokenize", body={"model": "llm", "messages": messages}, cast_to=object)["count"]
 
 
 def free_server_options(openai: bool = False, **overrides) -> ServerOptions:

@@ -7,11 +7,13 @@ for servers that are not OpenAI (it would otherwise tokenize with tiktoken, whos
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
 
 from client_lib_models import Town, Weather
+from server_helpers import chat_prompt_tokens
 
 pytestmark = pytest.mark.server
 HELLO = "Hello, who are you?"
@@ -100,9 +102,10 @@ def test_n_choices_and_logprobs(chat, client):
     assert all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in tokens)
 
 
-def test_bind_tools_calls_a_tool_and_reads_its_result(chat):
+def test_bind_tools_calls_a_tool_and_reads_its_result(chat, client):
     """A named tool (tool_choice forces the call: the model is random), its arguments following the tool's
-    schema; the result sent back as a ToolMessage reaches the template; `any` streamed gives one call."""
+    schema; the result sent back as a ToolMessage reaches the template (the prompt counts as the three
+    messages do); `any` streamed gives one call."""
     from langchain_core.messages import HumanMessage, ToolMessage
 
     question = [HumanMessage("What is the weather in Paris?")]
@@ -115,7 +118,12 @@ def test_bind_tools_calls_a_tool_and_reads_its_result(chat):
     history = [*question, called, ToolMessage("sunny, 21 degrees", tool_call_id=call["id"])]
     answered = chat(**GREEDY).invoke(history)
     assert answered.content and not answered.tool_calls
-    assert answered.usage_metadata["input_tokens"] > chat(**GREEDY).invoke(question).usage_metadata["input_tokens"] + 10
+    sent = [{"role": "user", "content": question[0].content},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call["id"], "type": "function", "function": {
+                "name": "Weather", "arguments": json.dumps(call["args"])}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 degrees"}]
+    prompt = answered.usage_metadata["input_tokens"]
+    assert prompt == chat_prompt_tokens(client, sent) > chat_prompt_tokens(client, sent[:2])
     streamed = chat(temperature=1.0, seed=2, max_tokens=200).bind_tools(
         [Weather], tool_choice="any", parallel_tool_calls=False).stream(question)
     chunks = list(streamed)

@@ -6,11 +6,13 @@ required); rag's sources on the raw answer; embeddings in batches."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
 
 from client_lib_models import City, Town, Weather
+from server_helpers import chat_prompt_tokens
 
 pytestmark = pytest.mark.server
 HELLO = "Hello, who are you?"
@@ -74,7 +76,9 @@ def test_logprobs_of_each_token(llm):
             assert len(alternatives) == 2 and alternatives[0].logprob >= alternatives[1].logprob
 
 
-def test_chat_with_tools_calls_a_tool_and_reads_its_result(llm):
+def test_chat_with_tools_calls_a_tool_and_reads_its_result(llm, client):
+    """A required tool's call, its arguments following the tool's schema; the result sent back as a tool
+    message reaches the template (the prompt counts as the three messages do)."""
     from llama_index.core.llms import ChatMessage
     from llama_index.core.tools import FunctionTool
 
@@ -90,7 +94,11 @@ def test_chat_with_tools_calls_a_tool_and_reads_its_result(llm):
                                                                                                  call.tool_id})
     answered = llm(**GREEDY).chat([question, response.message, result])
     assert answered.message.content
-    assert answered.raw.usage.prompt_tokens > llm(**GREEDY).chat([question]).raw.usage.prompt_tokens + 10
+    sent = [{"role": "user", "content": question.content},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call.tool_id, "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps(call.tool_kwargs)}}]},
+            {"role": "tool", "tool_call_id": call.tool_id, "content": "sunny"}]
+    assert answered.raw.usage.prompt_tokens == chat_prompt_tokens(client, sent) > chat_prompt_tokens(client, sent[:2])
 
 
 def test_structured_output_of_a_nested_model(llm):
