@@ -1,8 +1,9 @@
 """The output tensors of one request's responses, as vllm_backend sends them: `text_output` always,
 the other outputs only when their return_* input asked (docs/additional_outputs.md in vllm_backend):
 `finish_reason` ("None" until the last), `cumulative_logprob`, `logprobs` (JSON per response: for
-each new token, {token id: {logprob, rank, decoded_token}} over the sampled token and the N most
-likely), `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming); and
+each new token, {token id: {logprob, rank, decoded_token, bytes}} over the sampled token and the N most
+likely; `bytes`, ours, the token's own, where its decoded_token may be "" or U+FFFD for part of a character),
+`num_input_tokens`, `num_output_tokens` (this response's tokens when streaming); and
 `prompt_logprobs` (JSON in the first response, null after: per prompt token the same entries over its
 N most likely tokens, the prompt token's own entry last; the first token's alone, its logprob and rank
 null, as nothing before it scores it; the own entries' pieces add up to the decoded prompt); and
@@ -67,13 +68,16 @@ class ResponseBuilder:
         start = self._sent_tokens if self.req.stream else 0
         entries = []
         tokens = out.token_ids[start:]
+        skip = self.req.sampling.get("skip_special_tokens", True)
+        decode, token_bytes = self.tokenizer.decode, self.tokenizer.token_bytes
         for i, (token, logprob, top) in enumerate(zip(tokens, out.logprobs[start:], out.top_logprobs[start:])):
             last = final and i == len(tokens) - 1
             self._pieces.add_token(token, check_stop=False, last=last)
             piece = self._pieces.emit(finished=last)
-            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.tokenizer.decode([t])}
-                     for rank, (t, lp) in enumerate(top.top.items())}
-            entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece}
+            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": decode([t], skip),
+                              "bytes": token_bytes(t, skip)} for rank, (t, lp) in enumerate(top.top.items())}
+            entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece,
+                                 "bytes": token_bytes(token, skip)}
             entries.append(entry)
         return json.dumps(entries).encode()
 
@@ -81,21 +85,24 @@ class ResponseBuilder:
         if self._sent_prompt_logprobs or out.prompt_logprobs is None:
             return b"null"
         self._sent_prompt_logprobs = True
-        pieces = IncrementalDetokenizer(self.tokenizer, [], [], self.req.sampling.get("skip_special_tokens", True))
+        skip = self.req.sampling.get("skip_special_tokens", True)
+        pieces = IncrementalDetokenizer(self.tokenizer, [], [], skip)
         ids = out.prompt_token_ids
         entries = []
-        decoded: dict[int, str] = {}  # a long prompt's top tokens repeat: each decoded once
+        decoded: dict[int, dict] = {}  # a long prompt's top tokens repeat: each decoded once
+        token_bytes = self.tokenizer.token_bytes
         for i, (token, logprob, top) in enumerate(zip(ids, out.prompt_logprobs, out.prompt_top_logprobs)):
             pieces.add_token(token, check_stop=False, last=i == len(ids) - 1)
             piece = pieces.emit(finished=i == len(ids) - 1)
+            own = {"logprob": None, "rank": None, "decoded_token": piece, "bytes": token_bytes(token, skip)}
             if top is None:  # the first token: nothing before it to score it
-                entries.append({str(token): {"logprob": None, "rank": None, "decoded_token": piece}})
+                entries.append({str(token): own})
                 continue
             for t in top.top:
                 if t not in decoded:
-                    decoded[t] = self.tokenizer.decode([t])
-            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": decoded[t]}
+                    decoded[t] = {"decoded_token": self.tokenizer.decode([t], skip), "bytes": token_bytes(t, skip)}
+            entry = {str(t): {"logprob": lp, "rank": rank + 1, **decoded[t]}
                      for rank, (t, lp) in enumerate(top.top.items()) if t != token}
-            entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece}
+            entry[str(token)] = {**own, "logprob": logprob, "rank": top.rank}
             entries.append(entry)
         return json.dumps(entries).encode()

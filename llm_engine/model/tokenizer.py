@@ -6,6 +6,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerFast
 
+from llm_engine.model.token_bytes import TokenBytes
 from llm_engine.model_config import read_eos_token_ids
 
 # Text that transformers' clean_up_tokenization changes (" ." -> "."): decoded with and without the
@@ -30,6 +31,8 @@ class Tokenizer:
         self._backend = self.hf_tokenizer.backend_tokenizer
         probe = self.encode(_CLEANUP_PROBE, add_special_tokens=False)
         self.cleans_up = self.hf_tokenizer.decode(probe) != self._backend.decode(probe, skip_special_tokens=False)
+        # token_bytes(id, skip_special_tokens): a token's own bytes (logprobs' `bytes`), one cache for every request
+        self.token_bytes = TokenBytes(self.hf_tokenizer)
 
     @property
     def eos_token_id(self) -> int | None:

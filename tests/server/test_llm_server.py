@@ -113,7 +113,7 @@ def test_stop_reason_when_asked(server):
 
 
 def test_prompt_logprobs_come_in_the_first_response_with_each_prompt_tokens_entry_last(server):
-    prompt = "Paged attention stores keys and values"
+    prompt = "Paged attention stores keys and values ☃"   # the snowman: three byte tokens in the tiny vocab
     ids = tiny_llm_ids(prompt)
     c = generate(server.grpc_url, prompt, sampling={**GREEDY, "max_tokens": 6, "prompt_logprobs": 2},
                  extra={"return_prompt_logprobs": (True, "BOOL")})
@@ -123,15 +123,18 @@ def test_prompt_logprobs_come_in_the_first_response_with_each_prompt_tokens_entr
     first, later = raws[0], raws[1:]
     assert all(r is None for r in later)   # streamed: in the first response only (the pieces may come as one)
     assert len(first) == len(ids)
-    assert first[0] == {str(ids[0]): {"logprob": None, "rank": None, "decoded_token": first[0][str(ids[0])][
-        "decoded_token"]}}   # nothing before the first token scores it
-    pieces = first[0][str(ids[0])]["decoded_token"]
+    start = first[0][str(ids[0])]
+    assert first[0] == {str(ids[0]): {"logprob": None, "rank": None, "decoded_token": start["decoded_token"],
+                                      "bytes": start["bytes"]}}   # nothing before the first token scores it
+    pieces, raw = start["decoded_token"], start["bytes"]
     for token, entry in zip(ids[1:], first[1:]):
         own_id, own = list(entry.items())[-1]
         assert own_id == str(token) and own["logprob"] <= 0 and own["rank"] >= 1
         assert {1, 2} <= {e["rank"] for e in entry.values()} and len(entry) <= 3
         pieces += own["decoded_token"]
-    assert pieces == prompt
+        raw += own["bytes"]
+    assert pieces == prompt and bytes(raw) == prompt.encode()   # each token's own bytes: the snowman's parts too
+    assert [own["bytes"] for own in (list(entry.values())[-1] for entry in first[-3:])] == [[0xe2], [0x98], [0x83]]
 
 
 def test_a_prompt_of_token_ids_answers_as_the_text_it_encodes(server):

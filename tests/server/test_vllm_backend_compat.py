@@ -233,7 +233,7 @@ def test_additional_outputs(triton_server, stream, logprobs, returns):
             ranks_one = [e for e in entry.values() if e["rank"] == 1]
             assert len(ranks_one) == 1
             for token_id, e in entry.items():
-                assert token_id.isdigit() and set(e) == {"logprob", "rank", "decoded_token"}
+                assert token_id.isdigit() and set(e) == {"logprob", "rank", "decoded_token", "bytes"}   # bytes: ours
                 assert isinstance(e["logprob"], float) and isinstance(e["rank"], int)
                 assert isinstance(e["decoded_token"], str)
             pieces += ranks_one[0]["decoded_token"]
