@@ -98,7 +98,7 @@ def test_n_choices_and_logprobs(chat, client):
     answer = chat(logprobs=True, top_logprobs=2, **sampling).invoke(HELLO)
     tokens = answer.response_metadata["logprobs"]["content"]
     assert len(tokens) == answer.usage_metadata["output_tokens"]
-    assert "".join(t["token"] for t in tokens) == answer.content
+    assert bytes(b for t in tokens for b in t["bytes"]).decode(errors="replace") == answer.content
     assert all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in tokens)
 
 

@@ -120,15 +120,43 @@ def test_logprobs_name_the_sampled_tokens_and_the_most_likely(client):
     answer = client.chat.completions.create(model="llm", messages=HELLO, max_tokens=8, temperature=1.0, seed=3,
                                             logprobs=True, top_logprobs=3).choices[0]
     tokens = answer.logprobs.content
-    assert len(tokens) == 8 and "".join(t.token for t in tokens) == answer.message.content
+    assert len(tokens) == 8 and joined_bytes(tokens).decode(errors="replace") == answer.message.content
     for t in tokens:
-        assert t.logprob <= 0 and len(t.top_logprobs) == 3 and bytes(t.bytes) == t.token.encode()
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3 and t.token == as_openai_token(t.bytes)
         assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
         assert t.logprob <= t.top_logprobs[0].logprob + 1e-6
     _, chunks = streamed_text(client.chat.completions.create(model="llm", messages=HELLO, max_tokens=8, temperature=1.0,
                                                              seed=3, logprobs=True, top_logprobs=3, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
+
+
+def test_logprobs_bytes_are_each_tokens_own_where_a_character_spans_tokens(client):
+    """As OpenAI: the tokens' bytes join into the answer's, also where a character spans tokens (the tiny vocab
+    holds most characters as bytes: this answer's "у" is D1 83 in two tokens), each such part's token its bytes
+    escaped ("\\xd1"); the alternatives too. Streamed, the same."""
+    asked = dict(model="llm", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0,
+                 max_tokens=16, logprobs=True, top_logprobs=3)
+    answer = client.chat.completions.create(**asked).choices[0]
+    tokens = answer.logprobs.content
+    assert joined_bytes(tokens).decode(errors="replace") == answer.message.content and "у" in answer.message.content
+    at = [t.bytes for t in tokens].index([0xd1])
+    assert [(t.token, t.bytes) for t in tokens[at:at + 2]] == [("\\xd1", [0xd1]), ("\\x83", [0x83])]
+    for t in tokens:
+        assert t.token == as_openai_token(t.bytes) and all(a.token == as_openai_token(a.bytes) for a in t.top_logprobs)
+    assert any(a.bytes == [0xd1] for t in tokens for a in t.top_logprobs)   # among the alternatives as sampled
+    chunks = list(client.chat.completions.create(**asked, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in tokens]
+
+
+def joined_bytes(tokens) -> bytes:
+    return bytes(b for t in tokens for b in t.bytes)
+
+
+def as_openai_token(raw: list[int]) -> str:
+    """A token's text from its bytes; what is not UTF-8 alone (part of a character) escaped, as OpenAI shows it."""
+    return bytes(raw).decode(errors="backslashreplace")
 
 
 def test_completions_prompts_echo_and_logprobs(client, triton):

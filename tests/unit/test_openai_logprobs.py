@@ -55,6 +55,26 @@ def test_openai_shapes():
                                               "top_logprobs": [{"é": -0.5}, {"t": -0.1}], "text_offset": [3, 4]}
 
 
+def test_chat_bytes_are_each_tokens_own_where_a_character_spans_tokens():
+    """Our llm's `bytes`: "가" (EA B0 80) as two tokens, whose pieces are "" and the whole character. Each token's
+    bytes are its own (they join into the text's), its token their text, escaped where no UTF-8, as OpenAI."""
+    def own(i, text, raw, lp, rank):
+        return {str(i): {"logprob": lp, "rank": rank, "decoded_token": text, "bytes": raw}}
+    raw = json.dumps([{**own(7, "\ufffd", [0xea], -0.3, 1), **own(8, "", [0xea, 0xb0], -1.0, 2)},
+                      {**own(9, "가", [0x80], -0.2, 1), **own(10, "!", [0x21], -2.0, 2)},
+                      own(11, " é", [0x20, 0xc3, 0xa9], -0.1, 1),
+                      own(12, "", [0xc3], -0.1, 1), own(13, "\ufffdab", [0x61, 0x62], -0.1, 1)])   # a broken "é"
+    chat = chat_content(Matcher(2).add(raw, "가 é\ufffdab"))
+    assert [(c["token"], c["bytes"]) for c in chat] == [
+        ("\\xea\\xb0", [0xea, 0xb0]), ("\\x80", [0x80]), (" é", [0x20, 0xc3, 0xa9]), ("\\xc3", [0xc3]),
+        ("ab", [0x61, 0x62])]
+    assert [(a["token"], a["bytes"]) for a in chat[0]["top_logprobs"]] == [
+        ("\\xea", [0xea]), ("\\xea\\xb0", [0xea, 0xb0])]
+    assert bytes(b for c in chat for b in c["bytes"]).decode(errors="replace") == "가 é\ufffdab"
+    prompt = [own(3, "가", [0xea, 0xb0, 0x80], None, None), own(4, "!", [0x21], -0.5, 1)]
+    assert vllm_prompt_logprobs(prompt) == [None, {"4": {"logprob": -0.5, "rank": 1, "decoded_token": "!"}}]
+
+
 def test_top_logprobs_as_openai_has_them():
     """logprob is the sampled token's own; chat's top_logprobs are the N most likely alone (the sampled token
     there only where it is one of them); completions' add the sampled token (up to N + 1 entries)."""

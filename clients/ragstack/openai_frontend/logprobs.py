@@ -4,6 +4,9 @@ The llm sends, per response, one object per new token: `{token id: {logprob, ran
 over its N most likely tokens (ranks 1..N, in order) and the sampled token. A sampled token outside
 the top N is the last entry; one inside it shares its entry, and nothing marks which it is. The
 sampled tokens' `decoded_token`s add up to the text, so that is what tells them apart (Matcher).
+Our llm adds each token's own `bytes`, which chat's `bytes` and `token` come from (a vllm_backend model has
+none: the piece and its UTF-8 then); the pieces cannot give them where a character spans tokens (the piece of
+each token but the last is "", the last's the whole character; an alternative's U+FFFD).
 
 As OpenAI: each token's `logprob` is the sampled token's own. Chat's `top_logprobs` are the N most likely,
 which hold the sampled token only where it is one of them; completions' `top_logprobs` are the N most
@@ -18,11 +21,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+# One llm entry as the Matcher reads it: (decoded_token, logprob, bytes or None).
+_Entry = tuple[str, float, list[int] | None]
+
 
 @dataclass(frozen=True)
 class Alternative:
     token: str
     logprob: float
+    raw: list[int] | None = None   # the token's own bytes, where the llm sent them
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class TokenLogprob:
     token: str
     logprob: float | None      # None: the prompt's first token
     top: list[Alternative] | None   # the N most likely, most likely first
+    raw: list[int] | None = None
 
 
 class Matcher:
@@ -50,31 +58,31 @@ class Matcher:
                 picks.append(next((c for c in options if self._unmatched.startswith(c[0])), options[0]))
                 self._take(picks[-1][0])
         else:
-            for token, _ in picks:
+            for token, *_ in picks:
                 self._take(token)
-        return [TokenLogprob(token, logprob, [Alternative(t, lp) for t, lp in options[:self.top_n]])
-                for (token, logprob), options in zip(picks, map(self._top, entries), strict=True)]
+        return [TokenLogprob(token, logprob, [Alternative(*a) for a in options[:self.top_n]], raw)
+                for (token, logprob, raw), options in zip(picks, map(self._top, entries), strict=True)]
 
     def _take(self, token: str) -> None:
         self._unmatched = self._unmatched[len(token):] if self._unmatched.startswith(token) else ""
 
-    def _candidates(self, entry: dict) -> list[tuple[str, float]]:
+    def _candidates(self, entry: dict) -> list[_Entry]:
         """The entries that may be the sampled token: the last alone when there are N + 1."""
-        values = [(v["decoded_token"], v["logprob"]) for v in entry.values()]
+        values = self._top(entry)
         return values[-1:] if len(values) > self.top_n else values
 
     @staticmethod
-    def _top(entry: dict) -> list[tuple[str, float]]:
-        return [(v["decoded_token"], v["logprob"]) for v in entry.values()]
+    def _top(entry: dict) -> list[_Entry]:
+        return [(v["decoded_token"], v["logprob"], v.get("bytes")) for v in entry.values()]
 
 
-def _spell(candidates: list[list[tuple[str, float]]], text: str) -> list[tuple[str, float]] | None:
+def _spell(candidates: list[list[_Entry]], text: str) -> list[_Entry] | None:
     """One candidate per token whose texts, in order, spell `text`, or else a prefix of it (the llm
     holds back text it may still cut at a stop string); the most likely first."""
     return _search(candidates, text, whole=True) or _search(candidates, text, whole=False)
 
 
-def _search(candidates: list[list[tuple[str, float]]], text: str, whole: bool) -> list[tuple[str, float]] | None:
+def _search(candidates: list[list[_Entry]], text: str, whole: bool) -> list[_Entry] | None:
     """Depth-first over the tokens, iteratively (a response may hold thousands), remembering the
     (token, position) pairs that lead nowhere."""
     n = len(candidates)
@@ -103,9 +111,18 @@ def _search(candidates: list[list[tuple[str, float]]], text: str, whole: bool) -
 
 def chat_content(tokens: list[TokenLogprob]) -> list[dict]:
     """Chat's `logprobs.content` items."""
-    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
-             "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
-                              for a in t.top]} for t in tokens]
+    return [{**_chat_token(t.token, t.logprob, t.raw),
+             "top_logprobs": [_chat_token(a.token, a.logprob, a.raw) for a in t.top]} for t in tokens]
+
+
+def _chat_token(token: str, logprob: float, raw: list[int] | None) -> dict:
+    """`token`, `logprob` and `bytes` as OpenAI has them: where the llm sent the token's bytes, the token is
+    their text, a part of a character escaped ("\\xeb\\x8b"). Its piece would not do: that is "" or the whole
+    character for a character's parts, an alternative's U+FFFD, and U+FFFD + "ab" for "ab" after a broken
+    character (the Matcher still matches the pieces, which add up to the text)."""
+    if raw is None:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"token": bytes(raw).decode(errors="backslashreplace"), "logprob": logprob, "bytes": raw}
 
 
 def completion_logprobs(tokens: list[TokenLogprob], offset: int, echoed: list[TokenLogprob] = ()) -> dict:
@@ -137,8 +154,10 @@ def prompt_scores(entries: list, top_n: int) -> list[TokenLogprob]:
 
 
 def vllm_prompt_logprobs(entries: list) -> list:
-    """The llm's `prompt_logprobs` output as vLLM answers it: None for the first token."""
-    return [None, *entries[1:]]
+    """The llm's `prompt_logprobs` output as vLLM answers it: None for the first token, and each entry's
+    logprob, rank and decoded_token alone (without our llm's bytes)."""
+    return [None, *({token: {k: v for k, v in e.items() if k != "bytes"} for token, e in entry.items()}
+                    for entry in entries[1:])]
 
 
 def _with_sampled(t: TokenLogprob) -> dict[str, float] | None:
