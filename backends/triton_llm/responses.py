@@ -2,7 +2,8 @@
 the other outputs only when their return_* input asked (docs/additional_outputs.md in vllm_backend):
 `finish_reason` ("None" until the last), `cumulative_logprob`, `logprobs` (JSON per response: for
 each new token, {token id: {logprob, rank, decoded_token, bytes}} over the sampled token and the N most
-likely; `bytes`, ours, the token's own, where its decoded_token may be "" or U+FFFD for part of a character),
+likely; `bytes`, ours, the token's own, where its decoded_token may be "" or U+FFFD for part of a character;
+`sampled`, ours, true on the sampled token's entry alone, which pieces cannot tell apart from an alternative's),
 `num_input_tokens`, `num_output_tokens` (this response's tokens when streaming); and
 `prompt_logprobs` (JSON in the first response, null after: per prompt token the same entries over its
 N most likely tokens, the prompt token's own entry last; the first token's alone, its logprob and rank
@@ -77,7 +78,7 @@ class ResponseBuilder:
             entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": decode([t], skip),
                               "bytes": token_bytes(t, skip)} for rank, (t, lp) in enumerate(top.top.items())}
             entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece,
-                                 "bytes": token_bytes(token, skip)}
+                                 "bytes": token_bytes(token, skip), "sampled": True}
             entries.append(entry)
         return json.dumps(entries).encode()
 

@@ -230,13 +230,14 @@ def test_additional_outputs(triton_server, stream, logprobs, returns):
         pieces = ""
         for entry in entries:
             assert 1 <= len(entry) <= logprobs + 1
-            ranks_one = [e for e in entry.values() if e["rank"] == 1]
-            assert len(ranks_one) == 1
+            assert len([e for e in entry.values() if e["rank"] == 1]) == 1
+            sampled = [e for e in entry.values() if e.pop("sampled", False) is True]   # ours, as bytes
+            assert len(sampled) == 1
             for token_id, e in entry.items():
                 assert token_id.isdigit() and set(e) == {"logprob", "rank", "decoded_token", "bytes"}   # bytes: ours
                 assert isinstance(e["logprob"], float) and isinstance(e["rank"], int)
                 assert isinstance(e["decoded_token"], str)
-            pieces += ranks_one[0]["decoded_token"]
+            pieces += sampled[0]["decoded_token"]
         assert (pieces if stream else prompt + pieces) == text
 
 

@@ -1,5 +1,6 @@
 """The llm's logprobs JSON read into OpenAI's shapes: which entry is the sampled token, when it is among the
-N most likely (nothing marks it) and when it is not (the last entry); a stop string cut from the text;
+N most likely (marked, or unmarked and found by the text) and when it is not (the last entry); a stop string
+cut from the text;
 a response of thousands of tokens; the completions shape's offsets; an echoed prompt's tokens."""
 from __future__ import annotations
 
@@ -32,6 +33,57 @@ def test_the_sampled_token_is_the_last_entry_or_the_one_the_text_spells():
     assert [[a.token for a in t.top] for t in tokens] == [["ight", "U"], ["hi", "!"], [" a", " ab"], ["b", "c"]]
 
 
+def own(i: int, text: str, raw: list[int], lp: float, rank: int, sampled: bool = False) -> dict:
+    """One token's entry as our llm sends it: its piece, its own bytes, and the mark on the sampled token's."""
+    mark = {"sampled": True} if sampled else {}
+    return {str(i): {"logprob": lp, "rank": rank, "decoded_token": text, "bytes": raw, **mark}}
+
+
+def test_the_marked_entry_not_an_alternative_decoded_alone_to_the_same_piece():
+    """SentencePiece's "▁a" decodes alone to "a", as the sampled "a" of "ba" does: the text cannot tell them apart,
+    the mark does ("b" + " a" otherwise)."""
+    raw = json.dumps([own(1, "b", [0x62], -0.1, 1, True),
+                      {**own(2, "a", [0x20, 0x61], -0.3, 1), **own(3, "a", [0x61], -1.5, 2, True)}])
+    chat = chat_content(Matcher(2).add(raw, "ba"))
+    assert [(c["token"], c["bytes"], c["logprob"]) for c in chat] == [("b", [0x62], -0.1), ("a", [0x61], -1.5)]
+
+
+def test_the_marked_entry_where_max_tokens_cuts_inside_a_character():
+    """max_tokens 2 ends inside "가" (EA B0 80): the sampled partial byte reads U+FFFD, as its alternatives do."""
+    raw = json.dumps([own(4, "", [0xea], -0.2, 1, True),
+                      {**own(5, "\ufffd", [0xb1], -0.4, 1), **own(6, "\ufffd", [0xb0], -0.9, 2, True)}])
+    chat = chat_content(Matcher(2).add(raw, "\ufffd"))
+    assert [(c["token"], c["bytes"], c["logprob"]) for c in chat] == [("\\xea", [0xea], -0.2),
+                                                                      ("\\xb0", [0xb0], -0.9)]
+
+
+def test_the_marked_entry_not_a_skipped_special_token():
+    """A special token that skip_special_tokens leaves out reads "", as a character's first byte does."""
+    raw = json.dumps([{**own(7, "", [], -0.1, 1), **own(4, "", [0xea], -2.5, 2, True)},   # "</s>" first
+                      own(8, "가", [0xb0, 0x80], -0.3, 1, True)])
+    chat = chat_content(Matcher(2).add(raw, "가"))
+    assert [(c["token"], c["bytes"], c["logprob"]) for c in chat] == [("\\xea", [0xea], -2.5),
+                                                                      ("\\xb0\\x80", [0xb0, 0x80], -0.3)]
+    assert bytes(b for c in chat for b in c["bytes"]).decode() == "가"
+
+
+def test_marked_entries_keep_the_text_accounted_for_across_responses():
+    """The marked pieces still take the text, so a later unmarked response (a vllm_backend model's way) is searched
+    in what is left of it."""
+    matcher = Matcher(2)
+    first = matcher.add(json.dumps([{**own(1, "a", [0x20, 0x61], -0.3, 1), **own(2, "a", [0x61], -1.5, 2, True)}]),
+                        "a")
+    later = matcher.add(json.dumps([entry((3, "x", -0.2, 1), (4, "y", -1.0, 2))]), "y")
+    assert [(t.token, t.raw) for t in first + later] == [("a", [0x61]), ("y", None)]
+
+
+def test_unmarked_entries_are_still_found_by_the_text():
+    """Without the mark (a vllm_backend model, an older llm) the text tells the sampled entry: "b" of rank 2."""
+    raw = json.dumps([{**own(1, "a", [0x61], -0.3, 1), **own(2, "b", [0x62], -1.5, 2)}])
+    chat = chat_content(Matcher(2).add(raw, "b"))
+    assert [(c["token"], c["bytes"], c["logprob"]) for c in chat] == [("b", [0x62], -1.5)]
+
+
 def test_text_held_back_or_cut_at_a_stop_string_still_gives_every_token():
     matcher = Matcher(1)
     first = matcher.add(json.dumps([entry((1, "Hel", -0.1, 1)), entry((2, "lo", -0.2, 1))]), "Hel")   # "lo" held back
@@ -58,8 +110,6 @@ def test_openai_shapes():
 def test_chat_bytes_are_each_tokens_own_where_a_character_spans_tokens():
     """Our llm's `bytes`: "가" (EA B0 80) as two tokens, whose pieces are "" and the whole character. Each token's
     bytes are its own (they join into the text's), its token their text, escaped where no UTF-8, as OpenAI."""
-    def own(i, text, raw, lp, rank):
-        return {str(i): {"logprob": lp, "rank": rank, "decoded_token": text, "bytes": raw}}
     raw = json.dumps([{**own(7, "\ufffd", [0xea], -0.3, 1), **own(8, "", [0xea, 0xb0], -1.0, 2)},
                       {**own(9, "가", [0x80], -0.2, 1), **own(10, "!", [0x21], -2.0, 2)},
                       own(11, " é", [0x20, 0xc3, 0xa9], -0.1, 1),

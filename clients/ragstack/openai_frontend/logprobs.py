@@ -2,8 +2,11 @@
 
 The llm sends, per response, one object per new token: `{token id: {logprob, rank, decoded_token}}`
 over its N most likely tokens (ranks 1..N, in order) and the sampled token. A sampled token outside
-the top N is the last entry; one inside it shares its entry, and nothing marks which it is. The
-sampled tokens' `decoded_token`s add up to the text, so that is what tells them apart (Matcher).
+the top N is the last entry; one inside it shares its entry. Our llm marks the sampled token's entry
+(`"sampled": true`), and the Matcher takes that one. A vllm_backend model (or an older llm) marks none: the
+sampled tokens' `decoded_token`s add up to the text, so the Matcher searches for the entries that spell it,
+which guesses wrong where pieces are equal (an alternative "▁a" decoded alone is the "a" of "ba"; a
+character's partial bytes all read U+FFFD; a skipped special token reads "" as a character's first byte does).
 Our llm adds each token's own `bytes`, which chat's `bytes` and `token` come from (a vllm_backend model has
 none: the piece and its UTF-8 then); the pieces cannot give them where a character spans tokens (the piece of
 each token but the last is "", the last's the whole character; an alternative's U+FFFD).
@@ -51,7 +54,10 @@ class Matcher:
         entries = json.loads(raw) or []
         candidates = [self._candidates(entry) for entry in entries]
         self._unmatched += text
-        picks = _spell(candidates, self._unmatched)
+        # One candidate each (marked, or outside the top N): nothing to search; the text is still taken piece by
+        # piece, as the sampled pieces add up to it.
+        picks = ([options[0] for options in candidates] if all(len(options) == 1 for options in candidates)
+                 else _spell(candidates, self._unmatched))
         if picks is None:   # e.g. a stop string cut from the text: in order, the first that fits, else the likeliest
             picks = []
             for options in candidates:
@@ -67,8 +73,12 @@ class Matcher:
         self._unmatched = self._unmatched[len(token):] if self._unmatched.startswith(token) else ""
 
     def _candidates(self, entry: dict) -> list[_Entry]:
-        """The entries that may be the sampled token: the last alone when there are N + 1."""
+        """The entries that may be the sampled token: the marked one; unmarked, the last alone when there are
+        N + 1, else all."""
         values = self._top(entry)
+        marked = [value for value, e in zip(values, entry.values()) if e.get("sampled")]
+        if marked:
+            return marked
         return values[-1:] if len(values) > self.top_n else values
 
     @staticmethod
