@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, TypeVar
 
 import numpy as np
 from starlette.requests import Request
@@ -16,7 +16,10 @@ from starlette.requests import Request
 from ragstack.openai_frontend import tokens
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.frontend import Gate
 from ragstack.openai_frontend.triton import Triton
+
+T = TypeVar("T")
 
 
 async def max_text_bytes(triton: Triton, model: str) -> int | None:
@@ -54,27 +57,34 @@ class Ran:
 
 
 async def run(request: Request, triton: Triton, model: str, batches: list[dict[str, np.ndarray]],
-              params: dict[str, str], gate: asyncio.Semaphore | None = None) -> Ran:
-    """Every batch with its token counts; with a `gate`, each batch in flight holds it. The first batch
-    that fails cancels the others, sent or waiting: the request's answer is its error, and the rest would
-    only load the model (and its queue) for nothing."""
+              params: dict[str, str], gate: Gate | None = None) -> Ran:
+    """Every batch with its token counts; with a `gate`, each batch in flight holds a slot of this request's
+    own and one of the worker's (Gate). The first batch that fails cancels the others, sent or waiting: the
+    request's answer is its error, and the rest would only load the model (and its queue) for nothing."""
+    own = asyncio.Semaphore(gate.size) if gate else None
 
     async def one(inputs: dict[str, np.ndarray]) -> tuple[dict, np.ndarray | None]:
-        async with gate or contextlib.nullcontext():
-            return await asyncio.gather(triton.infer(model, inputs, params),
-                                        tokens.counts(triton, model, inputs, params))
+        # the request's own slots first: its batches past them wait here, not among the worker's waiters
+        async with own or contextlib.nullcontext(), gate.shared if gate else contextlib.nullcontext():
+            return await _together(triton.infer(model, inputs, params), tokens.counts(triton, model, inputs, params))
 
-    async def every() -> list[tuple[dict, np.ndarray | None]]:
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(one(b)) for b in batches]
-        except BaseExceptionGroup as failed:
-            raise failed.exceptions[0] from None   # the first failure is the request's answer
-        return [task.result() for task in tasks]
-
-    done = await unless_gone(request, every())
+    done = await unless_gone(request, _together(*(one(b) for b in batches)))
     counts = None if any(c is None for _, c in done) else np.concatenate([c for _, c in done])
     return Ran([o for o, _ in done], counts, np.concatenate([_truncated(o) for o, _ in done]))
+
+
+async def _together(*work: Awaitable[T]) -> list[T]:
+    """Every result of `work`, run side by side; the first failure cancels the rest and is raised as it is."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(w) for w in work]
+    except BaseExceptionGroup as failed:
+        raise _first(failed) from None
+    return [task.result() for task in tasks]
+
+
+def _first(failed: BaseException) -> BaseException:
+    return _first(failed.exceptions[0]) if isinstance(failed, BaseExceptionGroup) else failed
 
 
 def _truncated(outputs: dict[str, np.ndarray]) -> np.ndarray:
