@@ -97,8 +97,11 @@ def test_vllm_guided_keys_pass_through(client, extra, check):
     ({"extra_body": {"guided_choice": ["a"], "guided_regex": "a"}}, "guided_regex",
      "both constrain the output"),
     ({"extra_body": {"functions": [{"name": "f"}]}}, "functions", "send 'tools' instead"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"p": {"$ref": "#p"}, "q": {"$anchor": "p", "type": "integer"}}}}}},
+     "response_format.json_schema.schema", "a reference by anchor"),
 ], ids=["no-json-schema", "no-name", "schema-not-object", "unknown-type", "schema-refused", "conflict",
-        "bad-regex", "two-guided-keys", "legacy-functions"])
+        "bad-regex", "two-guided-keys", "legacy-functions", "anchor-ref"])
 def test_bad_formats_are_400_naming_the_field(client, kwargs, param, message):
     for stream in (False, True):
         with pytest.raises(BadRequestError) as refused:

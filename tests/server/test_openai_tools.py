@@ -256,6 +256,14 @@ BAD = [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "p": {"$id": "https://example.com/p", "properties": {"q": {"$ref": "#/$defs/Q"}}, "$defs": {"Q": {}}}}}}}],
       "tool_choice": "required"}, "tools[0].function.parameters", "under the $id at /properties/p"),
+    # compiled whole (a named tool, a strict tool under auto), an anchor would be any value: refused as well
+    ({"tools": [*TOOLS, {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#p"}, "q": {"$anchor": "p", "type": "integer"}}}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[2].function.parameters",
+     "a reference by anchor"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#p"}}, "$defs": {"P": {"$anchor": "p"}}}}}]},
+     "tools[0].function.parameters", "a reference by anchor"),
     ({"messages": [*ASK, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
      "messages[1].tool_calls[0].function.arguments", "is not valid JSON"),

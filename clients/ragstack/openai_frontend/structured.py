@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from ragstack.openai_frontend import tool_schema
 from ragstack.openai_frontend.errors import APIError
 
 GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
@@ -65,7 +66,7 @@ def response_format(value: Any) -> dict[str, Any]:
     if spec.get("description") is not None and not isinstance(spec["description"], str):
         raise APIError(400, "response_format.json_schema.description must be a string",
                        "response_format.json_schema.description")
-    return {"guided_json": schema_text(spec["schema"])}
+    return {"guided_json": schema_text(tool_schema.checked(spec["schema"], "response_format.json_schema.schema"))}
 
 
 def schema_text(schema: Any) -> str:

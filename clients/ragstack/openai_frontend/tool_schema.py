@@ -7,7 +7,8 @@ their local references keep their meaning nested in the array: `"#"` becomes `"#
 a definition referring to another is rewritten too), and each tool keeps its own names. References that
 do not start with `#` are left to the grammar compiler, as in every other schema the llm gets. What
 cannot be rebased is refused naming the tool's parameters: a reference by anchor (`"#name"`) and a local
-reference under a nested `$id` (which the spec resolves from that `$id`'s schema).
+reference under a nested `$id` (which the spec resolves from that `$id`'s schema). `checked` refuses them
+in the schemas the llm compiles whole, too.
 """
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def required(tools: list[dict], parallel: bool) -> dict:
     return schema
 
 
+def checked(schema: dict, at: str) -> dict:
+    """A schema the llm compiles as it is (response_format's, a named tool's, a strict tool's), refused as
+    `required` refuses its references (below): the grammar compiler would take an anchor or a reference under a
+    nested `$id` for any value, without a word."""
+    _rebased(schema, "#", at, "", None)
+    return schema
+
+
 def _rebased(schema: Any, base: str, at: str, path: str, id_path: str | None) -> Any:
     """`schema` (at JSON pointer `path` in the parameters) with its local references under `base`;
     `id_path` is where the nearest nested `$id` above it is."""
@@ -63,9 +72,9 @@ def _rebased(schema: Any, base: str, at: str, path: str, id_path: str | None) ->
 def _reference(ref: str, base: str, at: str, where: str, id_path: str | None) -> str:
     if id_path is not None:
         raise APIError(400, f"{at} has the $ref {ref[:64]!r} at {where[:120]} under the $id at {id_path[:120]}; "
-                            "tool_choice 'required' resolves local references from the parameters' root, so "
-                            "give the schema without nested $id", at)
+                            "local references are resolved from the schema's root here, so give the schema "
+                            "without nested $id", at)
     if ref != "#" and not ref.startswith("#/"):
-        raise APIError(400, f"{at} has the $ref {ref[:64]!r} at {where[:120]}, a reference by anchor; tool_choice "
-                            "'required' takes '#' and JSON pointers ('#/$defs/...')", at)
+        raise APIError(400, f"{at} has the $ref {ref[:64]!r} at {where[:120]}, a reference by anchor; local "
+                            "references here are '#' and JSON pointers ('#/$defs/...')", at)
     return base + ref[1:]

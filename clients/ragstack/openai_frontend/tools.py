@@ -48,7 +48,9 @@ class ToolPlan:
     def constraint(self) -> dict[str, Any]:
         """The sampling keys that constrain the output, none for auto and none."""
         if self.choice == "function":
-            return {"guided_json": schema_text(self._parameters(self.name))}
+            i = next(i for i, tool in enumerate(self.tools) if tool["function"]["name"] == self.name)
+            return {"guided_json": schema_text(tool_schema.checked(self._parameters(self.name),
+                                                                   f"tools[{i}].function.parameters"))}
         if self.choice != "required":
             return {}
         return {"guided_json": schema_text(tool_schema.required(self.tools, self.parallel))}
@@ -57,6 +59,10 @@ class ToolPlan:
         """For auto with a strict tool, once `resolve` set the format: the structural tag; else none."""
         if self.choice != "auto" or not self.parser or not any(t["function"].get("strict") for t in self.tools):
             return {}
+        for i, tool in enumerate(self.tools):
+            if tool["function"].get("strict"):
+                tool_schema.checked(tool["function"].get("parameters") or NO_PARAMETERS,
+                                    f"tools[{i}].function.parameters")
         return {"structured_outputs": {"structural_tag": tool_grammar.structural_tag(self.parser, self.tools,
                                                                                       self.parallel)}}
 
