@@ -1,7 +1,8 @@
 """Shared by the server tests: server options on free ports, the test-only repository, and POSTs to
 the HTTP endpoints (the generate endpoint shows an error's status code, which a gRPC stream drops), and
 statistics read once the server has counted what it answered, waiting for a condition, a process held
-stopped, and the demo llm's checkpoint and token ids, and the frontend's token count of a chat."""
+stopped, and the demo llm's checkpoint and token ids, the frontend's token count of a chat, the message of
+its 400 naming a field, and a client library's embeddings against the openai SDK's."""
 from __future__ import annotations
 
 import contextlib
@@ -32,6 +33,24 @@ def chat_prompt_tokens(client, messages: list[dict]) -> int:
     """The frontend's /tokenize count of `messages` (the official `openai` client's), rendered as a chat
     completion renders them: its usage.prompt_tokens."""
     return client.post("/tokenize", body={"model": "llm", "messages": messages}, cast_to=object)["count"]
+
+
+def invalid_request_message(response, param: str) -> str:
+    """The message of the frontend's 400 (an httpx response), which must name `param`."""
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    return error["message"]
+
+
+def assert_embeddings_as_direct(direct, batch, query, first_two) -> None:
+    """A client library's vectors of the 40 texts, of text 3 alone and of the first two (async) equal
+    `direct`, the openai SDK's vectors of the same texts."""
+    import numpy as np
+    assert np.asarray(batch).shape == (40, 384)
+    np.testing.assert_allclose(batch, direct, atol=1e-6)
+    np.testing.assert_allclose(query, direct[3], atol=1e-6)
+    np.testing.assert_allclose(first_two, direct[:2], atol=1e-6)
 
 
 def free_server_options(openai: bool = False, **overrides) -> ServerOptions:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from client_lib_models import Town, Weather
-from server_helpers import chat_prompt_tokens
+from server_helpers import assert_embeddings_as_direct, chat_prompt_tokens
 
 pytestmark = pytest.mark.server
 HELLO = "Hello, who are you?"
@@ -159,9 +159,6 @@ def test_openai_embeddings_in_batches(triton_server, client):
     texts = [f"passage number {i}" for i in range(40)]
     embeddings = OpenAIEmbeddings(model="embed", base_url=f"{triton_server.openai_url}/v1", api_key="unused",
                                   check_embedding_ctx_length=False, chunk_size=16, dimensions=384, max_retries=0)
-    vectors = np.array(embeddings.embed_documents(texts))
     direct = np.array([d.embedding for d in client.embeddings.create(model="embed", input=texts).data])
-    assert vectors.shape == (40, 384)
-    np.testing.assert_allclose(vectors, direct, atol=1e-6)
-    np.testing.assert_allclose(embeddings.embed_query(texts[3]), direct[3], atol=1e-6)
-    np.testing.assert_allclose(asyncio.run(embeddings.aembed_documents(texts[:2])), direct[:2], atol=1e-6)
+    assert_embeddings_as_direct(direct, embeddings.embed_documents(texts), embeddings.embed_query(texts[3]),
+                                asyncio.run(embeddings.aembed_documents(texts[:2])))

@@ -8,6 +8,7 @@ import httpx2 as httpx
 import numpy as np
 import pytest
 from openai import BadRequestError
+from server_helpers import invalid_request_message as error_of
 
 pytestmark = pytest.mark.server
 LONG = "Dynamic batching merges requests that arrive together. " * 60   # ~480 tokens; the embedder reads 256
@@ -25,13 +26,6 @@ def refused(call, **kw) -> BadRequestError:
 
 def post(server, path: str, body: dict) -> httpx.Response:
     return httpx.post(f"{server.openai_url}{path}", json=body, timeout=60)
-
-
-def error_of(response: httpx.Response, param: str) -> str:
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and error["type"] == "invalid_request_error", error
-    return error["message"]
 
 
 def test_token_id_input_is_refused_saying_what_langchain_needs(client):

@@ -8,6 +8,7 @@ import time
 
 import httpx2 as httpx
 import pytest
+from server_helpers import invalid_request_message as refused
 
 pytestmark = pytest.mark.server
 QUESTION = "How does paged attention store the KV cache?"
@@ -36,13 +37,6 @@ def rerank(http, query: str, documents: list[str]) -> tuple[list[float], int]:
     for result in got["results"]:
         scores[result["index"]] = result["relevance_score"]
     return scores, got["usage"]["total_tokens"]
-
-
-def refused(response: httpx.Response, param: str) -> str:
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and error["type"] == "invalid_request_error", error
-    return error["message"]
 
 
 def test_one_text_against_many_scores_as_rerank_in_the_pairs_order(http):
