@@ -7,8 +7,9 @@ JSON text (OpenAI sends text): templates write it with `tojson`, so it reaches t
 as vLLM passes it. The optional `tools` input is a JSON list of OpenAI tools
 ([{"type": "function", "function": {"name", "description", "parameters"}}]) handed to the template
 (`apply_chat_template(messages, tools=...)`), which renders them in the model's own words; a
-template that does not mention tools ignores them, as with vLLM. Other keys of a message are
-dropped: they could steer the template.
+template that does not mention tools ignores them, as with vLLM. A message's `name` (a string)
+reaches the template too, as vLLM passes it (templates that know it write the speaker's name).
+Other keys of a message are dropped: they could steer the template.
 
 The tool-call format (`tool_call_format`) is read from the template text: Qwen2.5/Hermes
 `<tool_call>` blocks, Mistral's `[TOOL_CALLS]`, Llama 3.1+'s JSON (`<|python_tag|>` / `ipython`).
@@ -31,7 +32,7 @@ class Invalid(ValueError):
 
 
 def parse_messages(messages: Any) -> list[dict[str, Any]]:
-    """Validated messages for the template: role, content (a string), tool_calls, tool_call_id."""
+    """Validated messages for the template: role, content (a string), name, tool_calls, tool_call_id."""
     if not isinstance(messages, list) or not messages:
         raise Invalid("input 'messages' must be a non-empty JSON list of {\"role\", \"content\"} objects")
     out = []
@@ -48,6 +49,10 @@ def parse_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(content, str) and not (calls and content is None):
             raise Invalid(f"messages[{i}] must be an object with string 'role' and 'content'")
         kept: dict[str, Any] = {"role": role, "content": content or ""}
+        if message.get("name") is not None:
+            if not isinstance(message["name"], str):
+                raise Invalid(f"messages[{i}].name must be a string")
+            kept["name"] = message["name"]
         if calls is not None:
             kept["tool_calls"] = _tool_calls(calls, f"messages[{i}].tool_calls")
         if role == "tool" and message.get("tool_call_id") is not None:

@@ -86,7 +86,7 @@ class ResponseBuilder:
         if self._sent_prompt_logprobs or out.prompt_logprobs is None:
             return b"null"
         self._sent_prompt_logprobs = True
-        skip = self.req.sampling.get("skip_special_tokens", True)
+        skip = False   # the prompt as it was: its special tokens shown, as vLLM's prompt logprobs show them
         pieces = IncrementalDetokenizer(self.tokenizer, [], [], skip)
         ids = out.prompt_token_ids
         entries = []

@@ -66,6 +66,7 @@ _FAMILIES = [
         r"(?:rag_generate: )?(?:answer_format|max_answer_chars)[: ]",  # rag_generate's answer_format
         # the other models' inputs: tokenizers, retriever, prompt_builder, rag_generate, the ONNX models
         rf"(?:{_STEP_INPUTS})(?:\[\d+\])?(?::| is )", r"query is empty", r"passages, sources, passage_ids and scores",
+        r"max_tokens: with the chat template the question takes",   # prompt_builder (ragstack.prompt_budget)
         r"rag_generate: missing input", r"input_ids, attention_mask and token_type_ids must",
         # Triton's checks before any model runs
         r"inference input '[^']+' data-type is", r"unexpected shape for input", r"inference request batch-size must be",

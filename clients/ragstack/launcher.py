@@ -16,6 +16,7 @@ from __future__ import annotations
 import compileall
 import contextlib
 import ctypes
+import errno
 import os
 import shutil
 import signal
@@ -143,12 +144,17 @@ def assemble_backend_dir(install: ServerInstall, dest: Path, project_backends: P
 
 
 def port_is_free(address: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether `port` can be bound on `address` (IPv4 or IPv6). An address that cannot be bound at all
+    raises LauncherError, so it is not taken for a port in use."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((address, port))
-        except OSError:
-            return False
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise LauncherError(f"cannot bind {address} port {port}: {exc.strerror or exc}") from None
     return True
 
 
@@ -323,7 +329,13 @@ class TritonServer:
             except ValueError as exc:
                 raise LauncherError(str(exc)) from None
         ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
-        for name, port in ports + ([("OpenAI", opts.openai_port)] if opts.openai_port else []):
+        ports += [("OpenAI", opts.openai_port)] if opts.openai_port else []
+        for i, (name, port) in enumerate(ports):
+            same = next((other for other, taken in ports[:i] if taken == port), None)
+            if same is not None:
+                raise LauncherError(f"--{same.lower()}-port and --{name.lower()}-port are both {port}; give each "
+                                    "its own port")
+        for name, port in ports:
             if not port_is_free(opts.address, port):
                 raise LauncherError(f"{name} port {port} is already in use on {opts.address}; "
                                     f"choose another with --{name.lower()}-port")

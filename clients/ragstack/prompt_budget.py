@@ -155,8 +155,10 @@ class PromptBudget:
         room = budget - base
         needed = self.min_context_tokens if candidates else self._tokens(NO_PASSAGES)
         if room < needed:
+            # The field to change: max_tokens while a smaller one would leave the room, else the question.
+            field = "query" if base + needed > self.max_model_len - 1 else "max_tokens"
             raise PromptTooLong(
-                f"query: with the chat template the question takes {base} tokens; the llm's max_model_len="
+                f"{field}: with the chat template the question takes {base} tokens; the llm's max_model_len="
                 f"{self.max_model_len} minus max_tokens={max_tokens} leaves {budget} for the prompt, and passages "
                 f"need {needed} more (min_context_tokens); shorten the question or lower max_tokens")
         placed: list[Placed] = []

@@ -23,6 +23,17 @@ from ragstack.launcher import DEFAULT_REPOSITORIES, LauncherError, ServerOptions
 from ragstack.openai_frontend import keys as openai_keys
 from ragstack.openai_frontend import limits as openai_limits
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _port(lowest: int):
+    """argparse's type for a port number from `lowest` to 65535."""
+    def port(text: str) -> int:
+        if not text.isdigit() or not lowest <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port ({lowest} to 65535)")
+        return int(text)
+    return port
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", action="append", type=Path, dest="repositories",
@@ -30,11 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="*",
                         help="comma-separated models to load at start (default '*': every model)")
     parser.add_argument("--address", default="127.0.0.1",
-                        help="bind address of HTTP, gRPC and metrics (default 127.0.0.1, loopback only)")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--openai-port", type=int, default=openai_frontend.DEFAULT_PORT,
+                        help="bind address of HTTP, gRPC, metrics and the OpenAI API (default 127.0.0.1, loopback "
+                             "only; an IPv6 address such as :: too)")
+    parser.add_argument("--http-port", type=_port(1), default=8000)
+    parser.add_argument("--grpc-port", type=_port(1), default=8001)
+    parser.add_argument("--metrics-port", type=_port(1), default=8002)
+    parser.add_argument("--openai-port", type=_port(0), default=openai_frontend.DEFAULT_PORT,
                         help=f"the OpenAI API's port (default {openai_frontend.DEFAULT_PORT}; 0: no OpenAI API)")
     parser.add_argument("--openai-api-key-file", type=Path,
                         help=f"a file holding the key OpenAI API clients must send as a bearer token (default: "
@@ -64,8 +76,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.openai_port:
+            openai_keys.api_key(args.openai_api_key_file)   # a bad key refused before anything starts
         server = TritonServer(options_from_args(args))
-    except ValueError as exc:  # a gateway or OpenAI frontend limit out of range
+    except (ValueError, OSError) as exc:  # a gateway or OpenAI frontend limit out of range, a key unread
         print(f"[serve] error: {exc}", file=sys.stderr)
         return 2
     stop_requested = threading.Event()
@@ -91,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         guarded = server.options.openai_api_key_file or openai_keys.api_key(None)
         print(f"[serve] OpenAI API {server.openai_url}/v1 (log: {server.openai_log_path})"
               f"{', API key required' if guarded else ''}", flush=True)
+        if not guarded and server.options.address not in LOOPBACK:
+            print(f"[serve] warning: no OpenAI API key (--openai-api-key-file or ${openai_keys.ENV}): anyone who "
+                  f"reaches {server.options.address} can use the API", file=sys.stderr, flush=True)
     if server.options.admin_key:
         print(f"[serve] admin APIs ({', '.join(admin_key.RESTRICTED)}) need ${admin_key.ENV}", flush=True)
     else:

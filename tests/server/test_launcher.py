@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from server_helpers import FIXTURE_REPOSITORY, free_server_options, wait_until
-from ragstack.launcher import SHM_DIR, LauncherError, TritonServer, find_server_install
+from ragstack.launcher import SHM_DIR, LauncherError, TritonServer, find_server_install, port_is_free
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -59,6 +59,29 @@ def test_port_in_use(tmp_path):
         port = busy.getsockname()[1]
         message = start_expecting_failure(tmp_path, model_repositories=[FIXTURE_REPOSITORY], grpc_port=port)
     assert f"gRPC port {port} is already in use" in message
+
+
+def test_two_servers_on_one_port_are_refused_before_anything_starts(tmp_path):
+    port = free_server_options().http_port
+    message = start_expecting_failure(tmp_path, model_repositories=[FIXTURE_REPOSITORY], http_port=port,
+                                      openai_port=port)
+    assert message == f"--http-port and --openai-port are both {port}; give each its own port"
+
+
+def test_ports_are_checked_on_ipv6_addresses_too():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    with socket.socket(socket.AF_INET6) as busy:
+        try:
+            busy.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert not port_is_free("::1", port)
+    assert port_is_free("::1", port)   # free again: not refused for the address's family
+    with pytest.raises(LauncherError, match="cannot bind 192.0.2.1 port"):   # no such address here
+        port_is_free("192.0.2.1", port)
 
 
 def test_no_stub_for_this_python(tmp_path, monkeypatch):

@@ -27,8 +27,10 @@ VALID = {
 SERVED = {".", "..", "llm", "llm_small_queue", "llm_small_kv", "llm_in_stub", "llm_tp2", "rag", "embed", "rerank"}
 EXAMPLES = {"/v1/chat/completions": 150, "/v1/completions": 60, "/v1/embeddings": 60, "/v1/rerank": 60,
             "/v1/score": 60}
-JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False),
-                              st.text(max_size=8)),
+# Leaves include what json.dumps writes but a strict JSON reader refuses (NaN, Infinity) and strings of a
+# lone surrogate (JSON's "\\ud800" escape: valid JSON, not text).
+JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(),
+                              st.text(max_size=8), st.sampled_from(["\ud800", "x\udfff"])),
                     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner,
                                                                                          max_size=3)), max_leaves=6)
 MODELS = st.one_of(JSON.filter(lambda v: not isinstance(v, str)), st.text(max_size=20),

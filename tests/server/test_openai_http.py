@@ -95,6 +95,27 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
      "documents[1] is empty"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "return_urls": True}, 400, "return_urls",
      "'return_urls' is not supported by this endpoint"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "stream": False, "stream_options": {
+        "include_usage": True}}, 400, "stream_options", "stream_options is only allowed when stream is true"),
+    ("/v1/completions", {"model": "llm", "prompt": ["a", ""]}, 400, "prompt[1]", "prompt[1] is empty"),
+    ("/v1/completions", {"model": "llm", "prompt": "x", "best_of": 2}, 400, "best_of", "best_of: only 1 is supported"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "chat_template": "{{ x }}"}, 400, "chat_template",
+     "'chat_template' is not supported by this server (a request's own chat template"),
+    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
+     "messages[0].content[0].text", "messages[0].content[0].text must be a string, got null"),
+    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": ["hi"]}]}, 400,
+     "messages[0].content[0]", "must be an object with a string 'type'"),
+    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": []}]}, 400,
+     "messages[0].content", "messages[0].content must hold at least one part"),
+    ("/v1/chat/completions", {"model": "rag", "messages": HELLO, "guided_regex": "[a-z]+"}, 400, "guided_regex",
+     "guided_regex is not available from model 'rag'"),
+    ("/v1/chat/completions", {"model": "rag", "messages": HELLO, "max_tokens": 5000}, 400, "max_tokens",
+     "This model's maximum context length is 2048 tokens: max_tokens: with the chat template the question takes"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "stop": ["a" * 70_000]}, 400, "stop",
+     "the sampling fields take 70"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "truncate_prompt_tokens": 0}, 400,
+     "truncate_prompt_tokens", "truncate_prompt_tokens must be"),
+    ("/v1/chat/completions", {"model": "m" * 20_000, "messages": HELLO}, 404, "model", "does not exist"),
 ])
 def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
     generates = path in ("/v1/chat/completions", "/v1/completions")
@@ -105,6 +126,32 @@ def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, pat
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["param"] == param, error
         assert words in error["message"], error
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", b'{"model": "llm", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions", b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "stream": true, '
+                             b'"request_id": "\\udc00"}', "request_id"),
+    ("/v1/completions", b'{"model": "llm", "prompt": ["ok", "x\\ud800"]}', "prompt[1]"),
+    ("/v1/chat/completions", b'{"model": "\\ud800", "messages": []}', "model"),
+])
+def test_strings_of_a_lone_surrogate_are_refused_naming_the_field(triton_server, path, body, param):
+    """JSON's \\ud800 escape is valid JSON, but decodes to no text: 400, where it was a 500 (or a stream cut
+    after its 200)."""
+    response = post(triton_server, path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and f"{param} holds a lone surrogate escape" in error["message"], error
+
+
+def test_nan_and_infinity_are_not_json(triton_server):
+    for literal in (b"NaN", b"Infinity", b"-Infinity"):
+        response = post(triton_server, "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                        content=b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "temperature": '
+                                + literal + b"}")
+        assert response.status_code == 400, response.text
+        assert f"{literal.decode().lstrip('-')} is not a JSON number" in response.json()["error"]["message"]
 
 
 def test_bodies_past_the_limits_are_refused_before_parsing(triton_server):
@@ -145,6 +192,7 @@ def test_a_client_that_goes_away_frees_its_llm_requests(triton_server, model, st
     cancel key."""
     metrics = triton_server.metrics_url
     wait_for_metric(metrics, RUNNING, "llm", lambda v: v == 0)
+    left_before = clients_gone(triton_server, model)
     body = {"model": model, "messages": [{"role": "user", "content": "How does paged attention store the KV cache?"}],
             "max_tokens": 450 if model == "rag" else 1500, "ignore_eos": True, "stream": stream}
 
@@ -165,3 +213,14 @@ def test_a_client_that_goes_away_frees_its_llm_requests(triton_server, model, st
     wait_for_metric(metrics, RUNNING, "llm", lambda v: v == 0, timeout_s=10)
     wait_for_metric(metrics, KV_USED, "llm", lambda v: v == 0, timeout_s=10)
     assert time.monotonic() - gone < 1.0
+    deadline = time.monotonic() + 10   # counted as the frontend ends each answer
+    while clients_gone(triton_server, model) < left_before + 8 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert clients_gone(triton_server, model) == left_before + 8   # mid-stream too: 499, not a success
+
+
+def clients_gone(server, model: str) -> float:
+    """The frontend's count of chat requests whose clients went away (ragstack_openai_errors_total, 499)."""
+    text = httpx.get(f"{server.openai_url}/metrics", timeout=10).text
+    line = f'ragstack_openai_errors_total{{endpoint="/v1/chat/completions",model="{model}",status="499"}} '
+    return next((float(row.removeprefix(line)) for row in text.splitlines() if row.startswith(line)), 0.0)

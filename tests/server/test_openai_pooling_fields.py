@@ -89,9 +89,9 @@ def test_a_text_past_the_tokenizers_bytes_is_named_by_its_index_in_the_request(t
                        "query")
     assert message == "query is 16386 bytes; model 'rerank' reads at most 16384 (max_text_bytes)"
     surrogate = httpx.post(f"{triton_server.openai_url}/v1/embeddings", timeout=60,
-                           content=b'{"model": "embed", "input": "\\ud800"}',   # JSON's escape of a lone surrogate
+                           content=b'{"model": "embed", "input": ["ok", "\\ud800"]}',   # JSON's escape of a lone surrogate
                            headers={"Content-Type": "application/json"})
-    assert "input[0] is not valid UTF-8" in error_of(surrogate, "input[0]")
+    assert "input[1] holds a lone surrogate" in error_of(surrogate, "input[1]")
 
 
 def test_cohere_and_vllm_rerank_fields(triton_server, triton):

@@ -27,14 +27,32 @@ ADMIN_KEY = "0123456789abcdef0123456789abcdef"
 API_KEY = "sk-ragstack-test-0123456789"
 
 
+# Two models loaded only by a test: one the API serves (its tensors an embed model's), one whose load fails.
+EMBED_LIKE = {"config.pbtxt": 'backend: "python"\ninput [ { name: "text" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+                              'output [ { name: "embedding" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\n',
+              "1/model.py": "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"}
+BROKEN = {"config.pbtxt": EMBED_LIKE["config.pbtxt"],
+          "1/model.py": "class TritonPythonModel:\n    def initialize(self, args):\n"
+                        "        raise RuntimeError('broken on purpose')\n"}
+
+
+def repository(root: Path, models: dict[str, dict[str, str]]) -> Path:
+    for name, files in models.items():
+        for relative, text in files.items():
+            (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / relative).write_text(text)
+    return root
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     key_file = tmp_path_factory.mktemp("openai-key") / "key"
     key_file.write_text(API_KEY + "\n")
+    extra = repository(tmp_path_factory.mktemp("models"), {"embed_like": EMBED_LIKE, "broken": BROKEN})
     opts, port = free_server_options(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
-         "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
+         "--model-repository", str(extra), "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
          "--metrics-port", str(opts.metrics_port), "--openai-port", str(port), "--openai-api-key-file", str(key_file),
          "--openai-max-body-bytes", "1000", "--openai-max-inflight", "1", "--openai-body-timeout", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, admin_key.ENV: ADMIN_KEY})
@@ -102,6 +120,23 @@ def test_a_stalled_body_holds_a_place_until_its_timeout(served):
                       json={}).status_code == 400   # its place is free again: answered, not refused
 
 
+def test_a_failed_load_is_the_servers_fault_and_leaves_the_api_serving(served):
+    """Triton 2.51's strict readiness stays false after a failed load; /health, the frontend's readiness
+    probe, stays 200 while Triton is live and a model of the API's is ready."""
+    process, port, _ = served
+    url, admin = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {API_KEY}", admin_key.HEADER: ADMIN_KEY}
+    assert httpx.post(f"{url}/v1/models/embed_like/load", headers=admin, timeout=60).json()["loaded"] is True
+    failed = httpx.post(f"{url}/v1/models/broken/load", headers=admin, timeout=60)
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "model_load_failed", failed.text
+    assert "broken on purpose" in failed.json()["error"]["message"]
+    [gateway] = [line.split()[3] for line in served[2].splitlines() if line.startswith("[serve] ready")]
+    assert httpx.get(f"{gateway}/v2/health/ready").status_code != 200   # Triton's own readiness: gone
+    health = httpx.get(f"{url}/health")
+    assert health.status_code == 200 and "not ready" in health.json()["triton"], health.text
+    models = httpx.get(f"{url}/v1/models", headers=admin).json()["data"]
+    assert [m["id"] for m in models] == ["embed_like"]
+
+
 def test_serve_reports_the_frontends_death(served):
     process, _, _ = served
     [frontend] = process_tree.module_pids(process.pid, "ragstack.openai_frontend")
@@ -117,3 +152,7 @@ def test_serve_runs_the_frontend_on_9000_unless_told_0():
     serve.add_arguments(parser)
     assert serve.options_from_args(parser.parse_args([])).openai_port == openai_frontend.DEFAULT_PORT == 9000
     assert serve.options_from_args(parser.parse_args(["--openai-port", "0"])).openai_port == 0
+    for flag, value in (("--openai-port", "70000"), ("--http-port", "0"), ("--grpc-port", "-1")):
+        with pytest.raises(SystemExit) as refused:   # argparse's error, naming the flag
+            parser.parse_args([flag, value])
+        assert refused.value.code == 2

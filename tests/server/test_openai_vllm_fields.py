@@ -100,14 +100,23 @@ def test_history_sent_back_with_the_answers_own_keys_is_taken(client):
     assert prompt_tokens(client, history) == prompt_tokens(client, plain)
 
 
-def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(triton_server):
-    response = post(triton_server, "/v1/chat/completions", {
-        "model": "llm", "messages": HELLO, "max_tokens": 5, "stream": True, "ignore_eos": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}})
-    chunks = events(response)
-    counts = [chunk["usage"]["completion_tokens"] for chunk in chunks]
-    assert counts == sorted(counts) and counts[-1] == 5 and not chunks[-1]["choices"]
-    assert all(chunk["usage"]["prompt_tokens"] > 0 for chunk in chunks)
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_its_chunks(triton_server):
+    """As vLLM: a choice's chunk carries that choice's output so far (0 on its role chunk), the last the sums."""
+    for path, asked in (("/v1/chat/completions", {"messages": HELLO}), ("/v1/completions", {"prompt": "hi"})):
+        response = post(triton_server, path, {
+            "model": "llm", **asked, "max_tokens": 5, "n": 2, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}})
+        chunks = events(response)
+        prompt = chunks[-1]["usage"]["prompt_tokens"]
+        assert not chunks[-1]["choices"] and chunks[-1]["usage"] == {
+            "prompt_tokens": prompt, "completion_tokens": 10, "total_tokens": prompt + 10}
+        for index in (0, 1):
+            mine = [c for c in chunks[:-1] if c["choices"][0]["index"] == index]
+            counts = [c["usage"]["completion_tokens"] for c in mine]
+            assert counts == sorted(counts) and counts[-1] == 5, (path, counts)
+            assert all(c["usage"]["prompt_tokens"] == prompt for c in mine)
+            if path == "/v1/chat/completions":
+                assert counts[0] == 0 and mine[0]["choices"][0]["delta"].get("role") == "assistant"
 
 
 def test_a_streamed_chat_starts_each_choice_with_its_role_alone(triton_server):

@@ -144,7 +144,7 @@ def test_prompt_builder_sorts_by_score_and_keeps_to_the_llms_budget(triton_serve
                                  stream=False).collect()
     assert prompt.finish_reason in ("length", "stop")   # the llm takes it: prompt + 1000 <= 2048
 
-    with pytest.raises(Exception, match=r"query: with the chat template the question takes \d+ tokens; the llm's "
+    with pytest.raises(Exception, match=r"max_tokens: with the chat template the question takes \d+ tokens; the llm's "
                                         r"max_model_len=2048 minus max_tokens=2040 leaves 8 for the prompt"):
         _prompt_builder(triton_server, ["a"], [0.5], max_tokens=np.array([2040], dtype=np.int32))
     with pytest.raises(Exception, match="passages 2, sources 2, passage_ids 2, scores 1"):

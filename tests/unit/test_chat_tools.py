@@ -17,14 +17,14 @@ from ragstack.error_codes import code_from_message  # noqa: E402
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
 
 
-def test_messages_keep_tool_calls_and_tool_call_ids_only():
+def test_messages_keep_names_tool_calls_and_tool_call_ids_only():
     messages = parse_messages([
-        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "user", "content": "hi", "name": "ann", "weight": 2},
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
         {"role": "tool", "content": "2", "tool_call_id": "call_1"},
         {"role": "assistant", "content": "done", "tool_calls": []}])
     assert messages == [
-        {"role": "user", "content": "hi"},
+        {"role": "user", "content": "hi", "name": "ann"},   # the speaker's name, as vLLM passes it
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
         {"role": "tool", "content": "2", "tool_call_id": "call_1"},
@@ -34,6 +34,7 @@ def test_messages_keep_tool_calls_and_tool_call_ids_only():
 @pytest.mark.parametrize("messages, words", [
     ([], "non-empty JSON list"),
     ([{"role": "user"}], "messages[0] must be an object with string 'role' and 'content'"),
+    ([{"role": "user", "content": "hi", "name": 3}], "messages[0].name must be a string"),
     ([{"role": "robot", "content": "x"}], "role 'robot' is not one of"),
     ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "only assistant messages carry tool_calls"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}],

@@ -151,9 +151,13 @@ def test_an_echoed_prompts_tokens_the_first_without_a_logprob():
                entry((7, " cat", -3.0, 1), (8, " dog", -3.5, 2), (9, " KV", -6.0, 12)),
                entry((5, " is", -0.7, 1), (6, " cache", -1.1, 2))]   # its own entry, rank 2, last
     answer = Matcher(1).add(json.dumps([entry((4, "Hi", -0.2, 1)), entry((5, "\n", -0.3, 1))]), "Hi")  # "\n": a stop
-    assert completion_logprobs(answer, 12, prompt_scores(entries, 2)) == {
+    assert completion_logprobs(answer, 12, prompt_scores(entries, 2), "The KV cache") == {
         "tokens": ["The", " KV", " cache", "Hi", "\n"], "token_logprobs": [None, -6.0, -1.1, -0.2, -0.3],
         "top_logprobs": [None, {" cat": -3.0, " dog": -3.5, " KV": -6.0}, {" is": -0.7, " cache": -1.1},
                          {"Hi": -0.2}, {"\n": -0.3}],
         "text_offset": [0, 3, 6, 12, 14]}   # the answer's tokens from where its text starts, after the echo
     assert vllm_prompt_logprobs(entries) == [None, *entries[1:]]
+    bos = {"1": {"logprob": None, "rank": None, "decoded_token": "<s>"}}   # added to the text prompt "The KV cache"
+    with_bos = [bos, entry((3, "The", -2.0, 1)), *entries[1:]]
+    assert completion_logprobs(answer, 12, prompt_scores(with_bos, 2), "The KV cache")["text_offset"] == [
+        0, 0, 3, 6, 12, 14]   # the BOS where the text goes on

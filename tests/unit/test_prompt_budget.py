@@ -52,7 +52,7 @@ def test_a_question_that_leaves_no_room_is_refused_with_the_numbers(budget):
     with pytest.raises(PromptTooLong) as info:
         budget.build(SYSTEM, "why " * 500, candidates(10), 1600)
     message = str(info.value)
-    assert message.startswith("query: with the chat template the question takes ")
+    assert message.startswith("max_tokens: with the chat template the question takes ")   # 1 would leave room
     assert "the llm's max_model_len=2048 minus max_tokens=1600 leaves 448 for the prompt" in message
     assert code_from_message(f"in ensemble 'rag', {message}") == "INVALID_ARG"
 
@@ -93,5 +93,5 @@ def test_a_prompt_of_every_passage_within_min_context_tokens_of_the_budget_is_st
     """Whole passages that fit, but with a question that leaves less than min_context_tokens: refused, as
     when the passages are placed one by one."""
     question = " ".join(["why"] * 630)   # 1,989 tokens with the template; with the passage, 2,024 of 2,032
-    with pytest.raises(PromptTooLong, match="the question takes 1989 tokens"):
+    with pytest.raises(PromptTooLong, match="^query: with the chat template the question takes 1989 tokens"):
         budget.build(SYSTEM, question, candidates(3), 16)

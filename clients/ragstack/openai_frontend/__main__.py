@@ -52,26 +52,39 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     host, port = args.listen
-    if limits.workers > 1 and args.listen_fd is None:
-        return supervise(argv, host, port, limits.workers)
-    config = uvicorn.Config(create_app(args.triton, limits, api_key, key), host=host, port=port, log_level="warning",
+    if args.listen_fd is not None:
+        sock = socket.socket(fileno=args.listen_fd)
+    else:
+        sock = listen(host, port)
+        if sock is None:
+            return 1
+        if limits.workers > 1:
+            return supervise(argv, sock, limits.workers)
+    config = uvicorn.Config(create_app(args.triton, limits, api_key, key), log_level="warning",
                             access_log=False, timeout_graceful_shutdown=int(args.exit_timeout),
                             timeout_keep_alive=IDLE_TIMEOUT_S, server_header=False)
     server = uvicorn.Server(config)
-    server.run(sockets=None if args.listen_fd is None else [socket.socket(fileno=args.listen_fd)])
+    server.run(sockets=[sock])
     return 0 if server.started else 1
 
 
-def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
-    """Binds HOST:PORT and runs `workers` processes of this module on the socket; returns when they have
-    all exited: 0 after SIGTERM or SIGINT (passed on to them as SIGTERM), 1 when one exited by itself (the
-    others stopped)."""
+def listen(host: str, port: int) -> socket.socket | None:
+    """The API's socket, bound here rather than by uvicorn so that the address it got (port 0: any free
+    one) is logged once it is bound; None (said why) if it cannot be."""
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                     backlog=2048)
     except OSError as exc:
         print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return None
+    print(f"[openai] listening on {host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    return sock
+
+
+def supervise(argv: list[str], sock: socket.socket, workers: int) -> int:
+    """Runs `workers` processes of this module on the bound socket; returns when they have all exited: 0
+    after SIGTERM or SIGINT (passed on to them as SIGTERM), 1 when one exited by itself (the others
+    stopped)."""
     sock.set_inheritable(True)
     with tempfile.TemporaryDirectory(prefix="ragstack-openai-metrics-") as metrics_dir:
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
@@ -79,8 +92,8 @@ def supervise(argv: list[str], host: str, port: int, workers: int) -> int:
         procs = [subprocess.Popen(dying_with_parent(command), pass_fds=[sock.fileno()], env=env)
                  for _ in range(workers)]
         sock.close()
-        print(f"[openai] {workers} workers on {host}:{port} (pids {', '.join(str(p.pid) for p in procs)})",
-              file=sys.stderr, flush=True)
+        print(f"[openai] {workers} workers (pids {', '.join(str(p.pid) for p in procs)})", file=sys.stderr,
+              flush=True)
         stopping = failed = False
 
         def stop(signum=signal.SIGTERM, _frame=None) -> None:

@@ -17,9 +17,9 @@ from ragstack import admin_key
 from ragstack.openai_frontend import keys, metrics, models
 from ragstack.openai_frontend.chat import chat_completions
 from ragstack.openai_frontend.completions import completions
-from ragstack.openai_frontend.disconnect import ClientGone
+from ragstack.openai_frontend.disconnect import CLIENT_GONE, ClientGone
 from ragstack.openai_frontend.embeddings import embeddings
-from ragstack.openai_frontend.errors import APIError, model_not_found
+from ragstack.openai_frontend.errors import APIError, internal, model_not_found
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.guard import Guard
 from ragstack.openai_frontend.limits import FrontendLimits
@@ -29,7 +29,6 @@ from ragstack.openai_frontend.tokenization import detokenize, tokenize
 from ragstack.openai_frontend.triton import Triton
 
 log = logging.getLogger("ragstack.openai_frontend")
-CLIENT_CLOSED = 499   # nginx's status for a request whose client went away: nobody reads it
 
 
 def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None, key: str | None) -> FastAPI:
@@ -37,7 +36,7 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     async def lifespan(app: FastAPI):
         app.state.frontend = Frontend(Triton(triton_address, key), limits, api_key, key)
         print(f"[openai] serving the OpenAI API, Triton at gRPC {triton_address}"
-              f"{'; API key required' if api_key else ''}", file=sys.stderr, flush=True)
+              f"{'; API key required' if api_key else '; no API key: the API is open'}", file=sys.stderr, flush=True)
         yield
         await app.state.frontend.triton.close()
 
@@ -49,7 +48,7 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
         app.add_middleware(CORSMiddleware, allow_origins=limits.origins(), allow_methods=["*"], allow_headers=["*"])
     app.add_exception_handler(APIError, lambda _request, exc: exc.response())
     for gone in (ClientGone, ClientDisconnect):   # before its answer; or while it sent its body
-        app.add_exception_handler(gone, lambda _request, _exc: Response(status_code=CLIENT_CLOSED))
+        app.add_exception_handler(gone, lambda _request, _exc: Response(status_code=CLIENT_GONE))
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
 
@@ -86,7 +85,7 @@ async def list_models(_request: Request, frontend: Frontend) -> JSONResponse:
 
 
 async def get_model(request: Request, frontend: Frontend) -> JSONResponse:
-    name = request.path_params["model_id"]
+    name = models.checked_name(request.path_params["model_id"])
     config = await frontend.triton.config(name)
     if config is None or models.kind_of(config) is None:
         raise model_not_found(name)
@@ -108,15 +107,20 @@ async def unload_model(request: Request, frontend: Frontend) -> JSONResponse:
 async def _in_repository(request: Request, frontend: Frontend) -> str:
     """The model named by the path, for an admin, if the repositories hold it (loaded or not)."""
     keys.check_admin(request.headers.get(admin_key.HEADER, ""), frontend.admin_key)
-    name = request.path_params["model_id"]
+    name = models.checked_name(request.path_params["model_id"])
     if name not in {m["name"] for m in await frontend.triton.index()}:
         raise APIError(404, f"no model '{name[:200]}' in the model repositories", "model", "model_not_found")
     return name
 
 
 async def health(_request: Request, frontend: Frontend) -> JSONResponse:
+    """Ready when Triton is, or when Triton is live and a model the API serves is ready: Triton's strict
+    readiness stays false after any model's failed load (2.51: until it restarts), while the API's models
+    go on answering, and a probe must not take those out of service."""
     if await frontend.triton.ready():
         return JSONResponse({"status": "ok"})
+    if await frontend.triton.live() and await models.listing(frontend.triton):
+        return JSONResponse({"status": "ok", "triton": "not ready: a model is loading, unloading or failed to load"})
     return APIError(503, f"tritonserver at {frontend.triton.address} is not ready", code="unavailable").response()
 
 
@@ -133,4 +137,4 @@ def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("failed: %s %s", request.method, request.url.path)
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}"[:500]).response()
+    return internal(exc).response()

@@ -38,22 +38,24 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     tool_plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
     if tool_plan is not None and served.kind != "rag":
         await tools.resolve(frontend, served.name, tool_plan)   # auto's format, which its strict constraint needs
+    asked = body.sampling()
     sampling, constrained_by = structured.constrained(
-        body.sampling(), body.model_extra, body.response_format, tool_plan.constraint() if tool_plan else {},
+        asked, body.model_extra, body.response_format, tool_plan.constraint() if tool_plan else {},
         "tool_choice", tool_plan.strict_constraint() if tool_plan else {}, "tools")
-    params = {**{key: key for key in SAMPLING_KEYS}, "messages": "messages", "text_input": "messages",
+    params = {**{key: key for key in (*SAMPLING_KEYS, *asked)}, "messages": "messages", "text_input": "messages",
               "prompt": "messages", "query": "messages", "logprobs": "top_logprobs", "tools": "tools",
               "chat_template_kwargs": "chat_template_kwargs",
               "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
+    generation.check_sampling_size(sampling, asked, constrained_by)
     prompt_logprobs = body.returns_prompt_logprobs()
     if served.kind == "rag":
         for name, value in (("logprobs", body.logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value:
                 raise APIError(400, f"{name} are not available from model '{served.name}' (rag returns text and "
                                     "sources)", name)
-        given = [name for name, value in (("tools", body.tools), ("response_format", body.response_format))
-                 if value is not None]
+        given = [name for name, value in (("tools", body.tools), ("response_format", body.response_format),
+                                          (constrained_by, constrained_by)) if value is not None]
         for name in given + body.template_fields():
             raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text and "
                                 "sources)", name)
@@ -128,7 +130,7 @@ class Answer:
             if piece.sources is not None:
                 start["sources"] = piece.sources
             chunks.append(self._chunk([{"index": index, "delta": start, "logprobs": None, "finish_reason": None,
-                                        "stop_reason": None}]))
+                                        "stop_reason": None}], self.usage.of_choice(index, started=False)))
         delta = {}
         text, calls, reason = piece.text, [], piece.finish_reason
         if self.tool_plan is not None:
@@ -147,16 +149,17 @@ class Answer:
             chunks.append(self._chunk([{"index": index, "delta": delta, "finish_reason": reason,
                                         "stop_reason": piece.stop_reason,
                                         "logprobs": {"content": chat_content(piece.logprobs)} if piece.logprobs
-                                        else None}]))
+                                        else None}], self.usage.of_choice(index)))
         return chunks
 
     def end(self) -> list[dict]:
-        return [self._chunk([], last=True)] if self.usage_chunk else []
+        return [self._chunk([], self.usage.as_dict(), last=True)] if self.usage_chunk else []
 
-    def _chunk(self, choices: list[dict], last: bool = False) -> dict:
+    def _chunk(self, choices: list[dict], usage: dict | None, last: bool = False) -> dict:
+        """`usage`: what the chunk carries with continuous usage (the choice's own, as vLLM), or the last's."""
         chunk = {**self.head, "object": "chat.completion.chunk", "choices": choices}
         if self.usage_chunk:
-            chunk["usage"] = self.usage.as_dict() if last or self.usage_always else None
+            chunk["usage"] = usage if last or self.usage_always else None
         return chunk
 
 

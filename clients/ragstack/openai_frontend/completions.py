@@ -34,9 +34,10 @@ async def completions(request: Request, frontend: Frontend) -> Response:
     served = await models.served(frontend.triton, body.model, "completions")
     metrics.served_model(request, served.name)
     prompts = body.prompts(frontend.limits)
-    sampling, constrained_by = structured.constrained(body.sampling(), body.model_extra, body.response_format, {},
-                                                      None)
-    params = {**{key: key for key in SAMPLING_KEYS}, "prompt": "prompt", "text_input": "prompt",
+    asked = body.sampling()
+    sampling, constrained_by = structured.constrained(asked, body.model_extra, body.response_format, {}, None)
+    generation.check_sampling_size(sampling, asked, constrained_by)
+    params = {**{key: key for key in (*SAMPLING_KEYS, *asked)}, "prompt": "prompt", "text_input": "prompt",
               "prompt_token_ids": "prompt", "logprobs": "logprobs",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     logprobs = body.logprobs is not None
@@ -80,7 +81,7 @@ class Answer:
                      "system_fingerprint": None}
         self.echoed, self.usage, self.usage_chunk, self.usage_always = echoed, usage, usage_chunk, usage_always
         self.top_logprobs, self.prompt_logprobs, self.echo_only = top_logprobs, prompt_logprobs, echo_only
-        self._length: dict[int, int] = {}   # characters sent so far, per choice: where its next token starts
+        self._token_at: dict[int, int] = {}   # per choice started: where its next token starts in its text
 
     def whole(self, choices: list[Piece]) -> dict:
         out = []
@@ -90,7 +91,7 @@ class Answer:
             echo, prompt_tokens = self._echo(index, choice)
             logprobs = None
             if choice.logprobs is not None:
-                logprobs = completion_logprobs(choice.logprobs, len(echo), prompt_tokens)
+                logprobs = completion_logprobs(choice.logprobs, len(echo), prompt_tokens, echo)
             out.append({"index": index, "text": echo + choice.text, "logprobs": logprobs,
                         "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason})
             if self.prompt_logprobs:
@@ -100,19 +101,22 @@ class Answer:
     def piece(self, index: int, piece: Piece) -> list[dict]:
         piece = self._shown(piece)
         self.usage.add(index, piece.prompt_tokens, piece.completion_tokens)
-        text, echoed = piece.text, []
-        if index not in self._length:
+        text, echo, echoed = piece.text, "", []
+        if index not in self._token_at:
             echo, echoed = self._echo(index, piece)
             text = echo + text
-        start = self._length.get(index, 0)
-        self._length[index] = start + len(text)
+            self._token_at[index] = len(echo)
         if not text and piece.finish_reason is None and not piece.logprobs and not echoed:
             return []
         logprobs = None
         if piece.logprobs is not None and (piece.logprobs or echoed):
-            logprobs = completion_logprobs(piece.logprobs, start + len(text) - len(piece.text), echoed)
+            # offsets by the tokens' lengths, as the whole answer counts them (a stop string cut from the
+            # text keeps its token)
+            logprobs = completion_logprobs(piece.logprobs, self._token_at[index], echoed, echo)
+            self._token_at[index] += sum(len(t.token) for t in piece.logprobs)
         return [self._chunk([{"index": index, "text": text, "logprobs": logprobs,
-                              "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}])]
+                              "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}],
+                            self.usage.of_choice(index))]
 
     def _shown(self, piece: Piece) -> Piece:
         """The piece as the answer shows it: with echo_only, without the generated token."""
@@ -136,10 +140,11 @@ class Answer:
             tokens if self.top_logprobs is not None else [])
 
     def end(self) -> list[dict]:
-        return [self._chunk([], last=True)] if self.usage_chunk else []
+        return [self._chunk([], self.usage.as_dict(), last=True)] if self.usage_chunk else []
 
-    def _chunk(self, choices: list[dict], last: bool = False) -> dict:
+    def _chunk(self, choices: list[dict], usage: dict | None, last: bool = False) -> dict:
+        """`usage`: what the chunk carries with continuous usage (the choice's own, as vLLM), or the last's."""
         chunk = {**self.head, "choices": choices}
         if self.usage_chunk:
-            chunk["usage"] = self.usage.as_dict() if last or self.usage_always else None
+            chunk["usage"] = usage if last or self.usage_always else None
         return chunk

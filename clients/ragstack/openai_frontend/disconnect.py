@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}   # no proxy may hold events back
+CLIENT_GONE = 499   # nginx's status for a request whose client went away: nobody reads it
 
 
 class ClientGone(Exception):
@@ -55,8 +56,10 @@ class EventStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        with contextlib.suppress(ClientGone, OSError):
+        try:
             await _first(self._send_all(send), receive)
+        except (ClientGone, OSError):   # counted as a request the client left (metrics), unless it had failed
+            scope.setdefault("state", {}).setdefault("error_status", CLIENT_GONE)
 
     async def _send_all(self, send: Send) -> None:
         async with contextlib.aclosing(self.body_iterator) as events:

@@ -21,8 +21,9 @@ _WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running
 # A key the llm names as unknown or not implemented: "unknown sampling parameter(s) ['foo']",
 # "sampling_parameters: 'best_of' is a vLLM sampling parameter this engine does not implement".
 _NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)'|^(?:sampling_parameters|parameters): '(\w+)'")
-# The llm's two refusals of a prompt and max_tokens past its context (llm_engine/engine/input_processor.py).
-_CONTEXT = re.compile(r"shorter than max_model_len=(\d+)|\(max_model_len=(\d+) minus")
+# The llm's two refusals of a prompt and max_tokens past its context (llm_engine/engine/input_processor.py),
+# and rag's (ragstack.prompt_budget: "the llm's max_model_len=N minus max_tokens=M leaves ...").
+_CONTEXT = re.compile(r"shorter than max_model_len=(\d+)|max_model_len=(\d+) minus")
 
 
 class APIError(Exception):
@@ -61,21 +62,27 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
         return APIError(404, message, "model", "model_not_found")
     if status != 400:
         return APIError(status, message, code=code.lower())
-    context = _CONTEXT.search(message)
+    step = _WRAPPER.sub("", message)   # what the model said, without the ensemble's and Triton's framing
+    context = _CONTEXT.search(step)
     if context:  # in OpenAI's words and code, which clients look for to shorten a conversation
         return APIError(400, f"This model's maximum context length is {context.group(1) or context.group(2)} "
-                             f"tokens: {message}", _param(message, params or {}), "context_length_exceeded")
-    return APIError(400, message, _param(message, params or {}))
+                             f"tokens: {step}", _param(step, params or {}), "context_length_exceeded")
+    return APIError(400, step, _param(step, params or {}))
 
 
 def _param(message: str, params: dict[str, str]) -> str | None:
     """The request parameter a model's message names: an unknown key it quotes, else the first word
     of the message that is a field of `params` ("top_p must be ...", "input 'text_input' is ...")."""
-    step = _WRAPPER.sub("", message)
-    named = _NAMED_KEY.search(step)
+    named = _NAMED_KEY.search(message)
     if named:
         return named.group(1) or named.group(2)
-    return next((params[word] for word in re.findall(r"[A-Za-z_]\w*", step.split(";")[0]) if word in params), None)
+    return next((params[word] for word in re.findall(r"[A-Za-z_]\w*", message.split(";")[0]) if word in params),
+                None)
+
+
+def internal(exc: Exception) -> APIError:
+    """A failure of the frontend's own (logged by the caller): a 500 that names it."""
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}"[:500])
 
 
 def unreachable(address: str, detail: str) -> APIError:

@@ -19,6 +19,7 @@ from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
 from ragstack.openai_frontend.models import Served
+from ragstack.openai_frontend.schemas import LLM_JSON_BYTES
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
@@ -128,11 +129,24 @@ def declared(inputs: dict, served: Served) -> dict:
     return {name: value for name, value in inputs.items() if name not in OWN_RETURNS or name in served.inputs}
 
 
+def check_sampling_size(sampling: dict, asked: dict, constrained_by: str | None) -> None:
+    """The llm's sampling_parameters input within its JSON limit, else a 400 naming the largest field: a
+    key of `asked` (the request's own sampling fields) by its name, any other (the output constraint's
+    keys) by `constrained_by`."""
+    size = len(json.dumps(sampling).encode())
+    if size > LLM_JSON_BYTES:
+        largest = max(sampling, key=lambda key: len(json.dumps(sampling[key]).encode()))
+        param = largest if largest in asked or constrained_by is None else constrained_by
+        raise APIError(400, f"the sampling fields take {size} bytes of JSON, {param} the most; the llm takes at "
+                            f"most {LLM_JSON_BYTES} (its sampling_parameters input)", param)
+
+
 def seeded(sampling: dict, n: int) -> list[dict]:
-    """n choices' sampling keys: with a seed, seed + i for choice i, so they differ and repeat."""
+    """n choices' sampling keys: with a seed, seed + i for choice i, so they differ and repeat (wrapping
+    within int64's range, which the llm takes, so any valid seed works with any n)."""
     if sampling.get("seed") is None:
         return [sampling] * n
-    return [{**sampling, "seed": sampling["seed"] + i} for i in range(n)]
+    return [{**sampling, "seed": (sampling["seed"] + i + 2**63) % 2**64 - 2**63} for i in range(n)]
 
 
 async def pieces(triton: Triton, request: Request) -> AsyncIterator[Piece]:

@@ -14,12 +14,17 @@ ENV = "RAGSTACK_OPENAI_API_KEY"
 
 
 def api_key(file: Path | None) -> str | None:
-    """The key in `file` if given, else $RAGSTACK_OPENAI_API_KEY; None: the API is open."""
+    """The key in `file` if given, else $RAGSTACK_OPENAI_API_KEY (unset or empty: None, the API is open).
+    Either is stripped (a file's or a Secret's trailing newline) and must then be one word."""
     if file is None:
-        return os.environ.get(ENV) or None
-    key = Path(file).read_text().strip()
+        value, source = os.environ.get(ENV), f"${ENV}"
+        if not value:
+            return None
+    else:
+        value, source = Path(file).read_text(), f"the API key file {file}"
+    key = value.strip()
     if not key or any(c.isspace() for c in key):
-        raise ValueError(f"the API key file {file} must hold one key, without spaces")
+        raise ValueError(f"{source} must hold one key, without spaces")
     return key
 
 

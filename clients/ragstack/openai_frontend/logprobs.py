@@ -135,13 +135,16 @@ def _chat_token(token: str, logprob: float, raw: list[int] | None) -> dict:
     return {"token": bytes(raw).decode(errors="backslashreplace"), "logprob": logprob, "bytes": raw}
 
 
-def completion_logprobs(tokens: list[TokenLogprob], offset: int, echoed: list[TokenLogprob] = ()) -> dict:
+def completion_logprobs(tokens: list[TokenLogprob], offset: int, echoed: list[TokenLogprob] = (),
+                        echo: str = "") -> dict:
     """Completions' `logprobs`; `offset`: where the first token starts in the choice's text; `echoed`: the echoed
-    prompt's tokens, before them, from the text's start."""
+    prompt's tokens, before them, from the start of `echo` (the echoed text). A prompt token the text does not go
+    on with (a special token the tokenizer added to a text prompt, as a BOS) sits where the text goes on."""
     offsets, at = [], 0
     for t in echoed:
         offsets.append(at)
-        at += len(t.token)
+        if echo.startswith(t.token, at):
+            at += len(t.token)
     for t in tokens:
         offsets.append(offset)
         offset += len(t.token)

@@ -40,15 +40,19 @@ TTFT = Histogram("ragstack_openai_time_to_first_token_seconds", "Arrival to a st
                  LABELS, buckets=BUCKETS, registry=REGISTRY)
 IN_FLIGHT = Gauge("ragstack_openai_requests_in_flight", "Requests being answered now", ("endpoint",),
                   registry=REGISTRY, multiprocess_mode="livesum")
-# The endpoint label: the API's paths, anything else as "other".
+# The endpoint label: the API's paths (probes apart from requests), anything else as "other".
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
-             "/score", "/v1/score", "/v1/models", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize")
+             "/score", "/v1/score", "/v1/models", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize",
+             "/health", "/ping", "/version")
 
 
 def endpoint_of(path: str) -> str:
     if path in ENDPOINTS:
         return path
-    return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+    if not path.startswith("/v1/models/"):
+        return "other"
+    action = path.rsplit("/", 1)[-1]   # the admin's load and unload apart from reads
+    return f"/v1/models/{{id}}/{action}" if action in ("load", "unload") and path.count("/") == 4 else "/v1/models/{id}"
 
 
 def first_token(request: Request) -> None:

@@ -20,6 +20,9 @@ ENDPOINTS = {"llm": ("chat.completions", "completions", "tokenize"), "rag": ("ch
              "embed": ("embeddings",), "rerank": ("rerank", "score")}
 CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
 _ONLY: dict[str, tuple[float, str]] = {}   # endpoint -> (when, the one model serving it) for requests without one
+# A Triton model's name is its folder's: no longer than a file name. A longer one is no model, and is not sent
+# on: Triton's error repeats it, past gRPC's metadata limit (16 KiB) at about 12k characters.
+MAX_NAME_BYTES = 255
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,20 @@ async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
     None: the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one model."""
     if model is None:
         model = await _only_model(triton, endpoint)
-    config = await triton.config(model)
+    config = await triton.config(checked_name(model))
     found = kind_of(config) if config is not None else None
     if found is None:
         raise model_not_found(model)
     if endpoint not in ENDPOINTS[found.kind]:
         raise APIError(400, f"model '{model}' serves {', '.join(ENDPOINTS[found.kind])}, not {endpoint}", "model")
     return found
+
+
+def checked_name(name: str) -> str:
+    """`name`, or 404 for one longer than any model's."""
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise model_not_found(name)
+    return name
 
 
 async def _only_model(triton: Triton, endpoint: str) -> str:

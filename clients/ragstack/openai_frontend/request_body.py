@@ -1,10 +1,12 @@
 """A request's body, bounded before it is parsed: its size (max_body_bytes, counted as it arrives), its
 pauses (body_timeout_s), its JSON nesting (max_json_depth, counted without parsing: Python's parser
-recurses), then its JSON and its fields (a pydantic model). Every refusal names the limit or the field."""
+recurses), then its JSON (strict: no NaN or Infinity, no string holding a lone surrogate, which no text
+encoding can carry on) and its fields (a pydantic model). Every refusal names the limit or the field."""
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -15,6 +17,7 @@ from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
 
 M = TypeVar("M", bound=BaseModel)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 async def read(request: Request, limits: FrontendLimits) -> bytes:
@@ -48,11 +51,12 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
         raise APIError(400, f"the request's JSON nests {found} levels deep; the limit is {limits.max_json_depth} "
                             "(max_json_depth)")
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    _refuse_surrogates(value, ())
     try:
         return model.model_validate(value)
     except ValidationError as exc:
@@ -62,6 +66,26 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
         given = given if len(given) <= 60 else given[:57] + "..."
         detail = f"{error['msg']}, got {given}" if error["type"] != "missing" else error["msg"]
         raise APIError(400, f"{param}: {detail}" if param else detail, param or None) from None
+
+
+def _not_json(literal: str):
+    raise ValueError(f"{literal} is not a JSON number")
+
+
+def _refuse_surrogates(value, loc: tuple) -> None:
+    """A `\\ud800` escape is JSON, but the string it makes is not Unicode text: refused here, naming where."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            param = _param(loc) or "the request body"
+            raise APIError(400, f"{param} holds a lone surrogate escape (\\ud800-\\udfff), which is not text",
+                           _param(loc) or None)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_surrogates(key, loc)
+            _refuse_surrogates(item, (*loc, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_surrogates(item, (*loc, i))
 
 
 def _param(loc: tuple) -> str:

@@ -29,13 +29,17 @@ LEGACY = {"functions": "tools", "function_call": "tool_choice"}
 # sent to the llm as unknown sampling keys.
 NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's effort",
               "verbosity": "a reasoning model's verbosity", "web_search_options": "web search",
-              "cache_salt": "prefix-cache isolation by salt"}
+              "cache_salt": "prefix-cache isolation by salt", "chat_template": "a request's own chat template: the "
+              "model's is used", "return_token_ids": "token ids in the answer", "logits_processors":
+              "custom logits processors", "kv_transfer_params": "disaggregated prefill", "mm_processor_kwargs":
+              "multimodal input"}
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_REQUEST_ID_CHARS = 256
-MAX_TEMPLATE_BYTES = 64 << 10   # the llm's MAX_JSON_BYTES (backends/triton_llm/llm_request.py)
+LLM_JSON_BYTES = 64 << 10   # the llm's MAX_JSON_BYTES (backends/triton_llm/llm_request.py), of each JSON input
 # vLLM's fields served at one value only: (name, that value, why no other).
 FIFO = ("priority", 0, "the llm schedules first come, first served")
 TOKEN_TEXT = ("return_tokens_as_token_ids", False, "logprobs name tokens by their text")
+ONE_SEQUENCE = ("best_of", 1, "each choice is one sequence; ask for more choices with n")
 
 
 class NullMeansDefault(BaseModel):
@@ -91,7 +95,8 @@ class Generation(NullMeansDefault):
     request_id: str | None = None   # vLLM's: the answer's id ends with it
     priority: int = 0
     return_tokens_as_token_ids: bool = False
-    FIXED: ClassVar[tuple] = (FIFO, TOKEN_TEXT)
+    best_of: int = 1
+    FIXED: ClassVar[tuple] = (FIFO, TOKEN_TEXT, ONE_SEQUENCE)
 
     def sampling(self) -> dict[str, Any]:
         """The llm's sampling keys: those given, and the undeclared ones as they came (a null as not given)."""
@@ -119,6 +124,8 @@ class Generation(NullMeansDefault):
         if self.request_id is not None and len(self.request_id) > MAX_REQUEST_ID_CHARS:   # in every chunk's id
             raise APIError(400, f"request_id is {len(self.request_id)} characters; the limit is {MAX_REQUEST_ID_CHARS}",
                            "request_id")
+        if self.stream_options is not None and not self.stream:   # OpenAI's and vLLM's rule
+            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         if self.n < 1:
             raise APIError(400, f"n must be at least 1, got {self.n}", "n")
         if choices > limits.max_choices:
@@ -140,23 +147,14 @@ class Generation(NullMeansDefault):
                                name)
 
 
-class ContentPart(BaseModel):
-    # A part of another type carries its own key (image_url, input_audio, file): let it through to the
-    # check that names the part's type (_message).
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    type: str
-    text: str | None = None
-
-
 class Message(NullMeansDefault):
     # Keys beyond these (refusal, audio, annotations, reasoning_content: what OpenAI's and vLLM's answers
     # carry when a client sends its history back) mean nothing to the chat template: ignored.
     model_config = ConfigDict(strict=True, extra="ignore")
 
     role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None           # accepted, as OpenAI does; the chat template does not take it
+    content: str | list[Any] | None = None   # a list of parts: _text_of
+    name: str | None = None           # the speaker's name: to the chat template, as vLLM passes it
     tool_call_id: str | None = None   # a tool message's, likewise
     tool_calls: list[Any] | None = None
 
@@ -184,10 +182,12 @@ class ChatRequest(Generation):
     continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
+    include_reasoning: bool | None = None   # vLLM's, for its reasoning parsers: none here, so no reasoning to part
     add_special_tokens: bool = False
     echo: bool = False
     FIXED: ClassVar[tuple] = (("add_special_tokens", False, "the chat template writes the special tokens"),
-                              ("echo", False, "a chat answer does not repeat the last message"), FIFO, TOKEN_TEXT)
+                              ("echo", False, "a chat answer does not repeat the last message"), FIFO, TOKEN_TEXT,
+                              ONE_SEQUENCE)
 
     def sampling(self) -> dict[str, Any]:
         values = super().sampling()
@@ -244,9 +244,9 @@ class ChatRequest(Generation):
                                 f"messages[{len(self.messages) - 1}] is a {self.messages[-1].role[:20]!r} message",
                            "continue_final_message")
         size = len(json.dumps(self.template_kwargs() or {}).encode())
-        if size > MAX_TEMPLATE_BYTES:
+        if size > LLM_JSON_BYTES:
             fields = self.template_fields()
-            raise APIError(400, f"{' and '.join(fields)} take {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES} "
+            raise APIError(400, f"{' and '.join(fields)} take {size} bytes of JSON; the limit is {LLM_JSON_BYTES} "
                                 "(the llm's chat_template_kwargs input)", fields[0])
         return [_message(message, f"messages[{i}]", limits) for i, message in enumerate(self.messages)]
 
@@ -258,7 +258,7 @@ class CompletionRequest(Generation):
     suffix: str | None = None
     add_special_tokens: bool = True
     FIXED: ClassVar[tuple] = (("add_special_tokens", True, "the llm encodes a text prompt with its special tokens"),
-                              FIFO, TOKEN_TEXT)
+                              FIFO, TOKEN_TEXT, ONE_SEQUENCE)
 
     def echo_only(self) -> bool:
         """vLLM's and OpenAI's scoring form: echo with max_tokens 0 answers the prompt alone (one token is
@@ -284,6 +284,8 @@ class CompletionRequest(Generation):
         for i, prompt in enumerate(prompts):
             param = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
             if isinstance(prompt, str):
+                if not prompt:   # vLLM's rule: nothing to continue from
+                    raise APIError(400, f"{param} is empty; give at least one character or token id", param)
                 check_text(prompt, param, limits)
             elif not all(0 <= t < 1 << 31 for t in prompt):
                 raise APIError(400, f"{param}: token ids must be in [0, 2^31), got {min(prompt)} to {max(prompt)}",
@@ -320,17 +322,30 @@ def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, 
         check_text(message.tool_call_id, f"{param}.tool_call_id", limits)
         if message.role == "tool":
             out["tool_call_id"] = message.tool_call_id
-    if message.content is None:
+    if message.name is not None:
+        check_text(message.name, f"{param}.name", limits)
+        out["name"] = message.name
+    if message.content is None or message.content == []:
         if "tool_calls" not in out:
-            raise APIError(400, f"{param}.content is missing", f"{param}.content")
+            raise APIError(400, f"{param}.content is missing" if message.content is None else
+                                f"{param}.content must hold at least one part", f"{param}.content")
         content = ""
     elif isinstance(message.content, str):
         content = message.content
     else:
-        for j, part in enumerate(message.content):
-            if part.type != "text" or part.text is None:
-                raise APIError(400, f"{param}.content[{j}]: only text parts are supported (this model is not "
-                                    f"multimodal), got type {part.type[:40]!r}", f"{param}.content[{j}]")
-        content = "\n".join(part.text for part in message.content)
+        content = "\n".join(_text_of(part, f"{param}.content[{j}]") for j, part in enumerate(message.content))
     check_text(content, f"{param}.content", limits)
     return {**out, "content": content}
+
+
+def _text_of(part: Any, param: str) -> str:
+    """A content part's text: only `{"type": "text", "text": ...}` parts here (vLLM joins them with newlines)."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise APIError(400, f"{param} must be an object with a string 'type', such as {{\"type\": \"text\", "
+                            f"\"text\": \"...\"}}; got {json.dumps(part)[:60]}", param)
+    if part["type"] != "text":
+        raise APIError(400, f"{param}: only text parts are supported (this model is not multimodal), got type "
+                            f"{part['type'][:40]!r}", param)
+    if not isinstance(part.get("text"), str):
+        raise APIError(400, f"{param}.text must be a string, got {json.dumps(part.get('text'))[:60]}", f"{param}.text")
+    return part["text"]

@@ -2,12 +2,14 @@
 
 The response starts once every choice has its first piece, so a request the llm refuses at once (a bad
 sampling value, a full queue) is answered with its HTTP status, as when not streaming; an error after
-that arrives as a `data: {"error": ...}` event, which the OpenAI SDKs raise.
+that arrives as a `data: {"error": ...}` event, which the OpenAI SDKs raise, then `[DONE]`: so does a
+fault of the frontend's own (a 500 in the event).
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -15,10 +17,11 @@ from starlette.requests import Request
 
 from ragstack.openai_frontend import metrics
 from ragstack.openai_frontend.disconnect import EventStream, unless_gone
-from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.errors import APIError, internal
 from ragstack.openai_frontend.generation import Piece, coalesced
 
 DONE = b"data: [DONE]\n\n"
+log = logging.getLogger("ragstack.openai_frontend")
 
 
 class Chunks(Protocol):
@@ -81,6 +84,10 @@ async def _events(request: Request, first: list[tuple[int, Piece]], stream: Asyn
     except APIError as exc:
         metrics.failed(request, exc.status)
         tail = exc.event()
+    except Exception as exc:   # a fault of the frontend's own after the 200: the stream still ends as OpenAI's do
+        log.exception("failed in a stream: %s %s", request.method, request.url.path)
+        metrics.failed(request, 500)
+        tail = internal(exc).event()
     finally:
         await stream.aclose()
     yield tail + DONE

@@ -196,12 +196,22 @@ class Triton:
         try:
             await call
         except InferenceServerException as exc:
-            raise _failure(exc) from None
-        self._configs.pop(model, None)
+            failure = _failure(exc)
+            if failure.status == 400:   # Triton's INVALID_ARG for a model that failed: the server's, not the call's
+                failure = APIError(500, failure.message, "model", "model_load_failed")
+            raise failure from None
+        finally:
+            self._configs.pop(model, None)
 
     async def ready(self) -> bool:
         try:
             return await self._client.is_server_ready()
+        except InferenceServerException:
+            return False
+
+    async def live(self) -> bool:
+        try:
+            return await self._client.is_server_live()
         except InferenceServerException:
             return False
 

@@ -8,16 +8,23 @@ class Usage:
         """`counted`: the model reports token counts (the llm does, and rag relays the llm's)."""
         self.counted, self.n = counted, n
         self._prompt = [0] * prompts
-        self._completion = 0
+        self._completion = [0] * (prompts * n)
 
     def add(self, choice: int, prompt_tokens: int | None, completion_tokens: int) -> None:
         if prompt_tokens is not None:
             self._prompt[choice // self.n] = prompt_tokens
-        self._completion += completion_tokens
+        self._completion[choice] += completion_tokens
 
     def as_dict(self) -> dict | None:
+        """The whole request's: every prompt once, every choice's output."""
+        return self._dict(sum(self._prompt), sum(self._completion))
+
+    def of_choice(self, choice: int, started: bool = True) -> dict | None:
+        """vLLM's continuous usage on a choice's chunk: its prompt's tokens and its own output so far
+        (none on the chunk that starts it)."""
+        return self._dict(self._prompt[choice // self.n], self._completion[choice] if started else 0)
+
+    def _dict(self, prompt: int, completion: int) -> dict | None:
         if not self.counted:
             return None
-        prompt = sum(self._prompt)
-        return {"prompt_tokens": prompt, "completion_tokens": self._completion,
-                "total_tokens": prompt + self._completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
