@@ -71,7 +71,7 @@ def test_http_generate_parameters_reach_the_llm(triton_server):
     ({"top_k": 0}, "top_k: 0 is out of range; it must be 1 to 64"),             # retriever
     ({"top_n": 99}, "top_n: 99 is out of range; it must be 1 to 16"),          # prompt_builder
     ({"sampling_parameters": {"temperature": -1}}, "temperature"),            # llm, through rag_generate
-    ({"max_tokens": 2040}, "query: with the chat template the question takes"),  # prompt_builder's budget
+    ({"max_tokens": 2040}, "max_tokens: with the chat template the question takes"),  # prompt_builder's budget
 ])
 def test_errors_from_any_step(client, kwargs, message):
     with pytest.raises(RagstackError, match=message) as info:

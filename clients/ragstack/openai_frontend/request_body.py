@@ -18,6 +18,7 @@ from ragstack.openai_frontend.limits import FrontendLimits
 
 M = TypeVar("M", bound=BaseModel)
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 async def read(request: Request, limits: FrontendLimits) -> bytes:
@@ -56,7 +57,8 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
         raise APIError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
-    _refuse_surrogates(value, ())
+    if _SURROGATE_ESCAPE.search(body):   # the only way to a surrogate: raw UTF-8 cannot encode one
+        _refuse_surrogates(value, ())
     try:
         return model.model_validate(value)
     except ValidationError as exc:
