@@ -92,7 +92,7 @@ def test_every_metric_and_label_the_dashboard_queries_is_served(triton_server):
 
 def test_the_pods_http_probes_answer_on_a_ready_server(triton_server):
     """Each httpGet probe of the Deployments, on the port it names: the gateway's (Triton's readiness through
-    it, /livez) and the OpenAI frontend's (/health)."""
+    it, /readyz, /livez) and the OpenAI frontend's (/health)."""
     here = {8000: f"http://{triton_server.http_url}", 9000: triton_server.openai_url}
     probed = set()
     for deployment in source("Deployment"):
@@ -103,7 +103,7 @@ def test_the_pods_http_probes_answer_on_a_ready_server(triton_server):
                     url = f"{here[get['port']]}{get['path']}"
                     assert httpx.get(url, timeout=10).status_code == 200, (container["name"], kind, url)
                     probed.add(get["path"])
-    assert probed == {"/v2/health/ready", "/livez", "/health"}
+    assert probed == {"/v2/health/ready", "/readyz", "/livez", "/health"}
 
 
 def test_the_openai_frontend_started_as_kubernetes_starts_it_serves(triton_server, tmp_path):

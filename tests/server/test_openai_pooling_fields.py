@@ -89,7 +89,7 @@ def test_a_text_past_the_tokenizers_bytes_is_named_by_its_index_in_the_request(t
                        "query")
     assert message == "query is 16386 bytes; model 'rerank' reads at most 16384 (max_text_bytes)"
     surrogate = httpx.post(f"{triton_server.openai_url}/v1/embeddings", timeout=60,
-                           content=b'{"model": "embed", "input": ["ok", "\\ud800"]}',   # JSON's escape of a lone surrogate
+                           content=b'{"model": "embed", "input": ["ok", "\\ud800"]}',   # JSON's lone surrogate
                            headers={"Content-Type": "application/json"})
     assert "input[1] holds a lone surrogate" in error_of(surrogate, "input[1]")
 

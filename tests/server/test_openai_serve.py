@@ -52,8 +52,9 @@ def served(tmp_path_factory):
     opts, port = free_server_options(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
-         "--model-repository", str(extra), "--models", "echo", "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port),
-         "--metrics-port", str(opts.metrics_port), "--openai-port", str(port), "--openai-api-key-file", str(key_file),
+         "--model-repository", str(extra), "--models", "echo", "--http-port", str(opts.http_port),
+         "--grpc-port", str(opts.grpc_port), "--metrics-port", str(opts.metrics_port), "--openai-port", str(port),
+         "--openai-api-key-file", str(key_file),
          "--openai-max-body-bytes", "1000", "--openai-max-inflight", "1", "--openai-body-timeout", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, admin_key.ENV: ADMIN_KEY})
     lines = []
@@ -131,6 +132,7 @@ def test_a_failed_load_is_the_servers_fault_and_leaves_the_api_serving(served):
     assert "broken on purpose" in failed.json()["error"]["message"]
     [gateway] = [line.split()[3] for line in served[2].splitlines() if line.startswith("[serve] ready")]
     assert httpx.get(f"{gateway}/v2/health/ready").status_code != 200   # Triton's own readiness: gone
+    assert httpx.get(f"{gateway}/readyz").json() == {"ready": True}      # the gateway's: the others serve
     health = httpx.get(f"{url}/health")
     assert health.status_code == 200 and "not ready" in health.json()["triton"], health.text
     models = httpx.get(f"{url}/v1/models", headers=admin).json()["data"]

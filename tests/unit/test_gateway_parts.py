@@ -1,4 +1,4 @@
-"""The gateway's parts that need no server: the JSON depth scan, the hop-by-hop header rule, and its
+"""The gateway's parts that need no server: the JSON depth scan, the hop-by-hop header rule, /readyz's rule, and its
 limits as flags (`ragstack serve` and `python -m ragstack.gateway` take the same ones)."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ragstack import serve
 from ragstack.gateway import generate_body, json_depth
 from ragstack.gateway import limits as gateway_limits
 from ragstack.gateway.limits import GatewayLimits
+from ragstack.gateway.livez import readiness_problem
 from ragstack.gateway.upstream import end_to_end
 
 
@@ -74,3 +75,12 @@ def test_the_gateways_config_caches_keep_the_newest_entries_up_to_their_bound():
     generate_body._put(cache, "/v2/models/m10", (0, None))  # refreshed: the newest again, kept longest
     generate_body._put(cache, "/v2/models/new", (0, None))
     assert "/v2/models/m10" in cache and "/v2/models/m11" not in cache
+
+
+def test_readyz_leaves_a_failed_load_out_and_a_moving_model_in():
+    ready, failed = {"name": "llm", "state": "READY"}, {"name": "broken", "state": "UNAVAILABLE"}
+    assert readiness_problem([ready, failed]) is None   # Triton's strict readiness: false until it restarts
+    assert readiness_problem([failed]) == "no model is READY"
+    assert readiness_problem([]) == "no model is READY"
+    assert readiness_problem([ready, {"name": "embed", "state": "LOADING"}]) == "embed LOADING"
+    assert readiness_problem([{"name": "llm", "state": "UNLOADING"}, ready]) == "llm UNLOADING"

@@ -329,16 +329,18 @@ def _probe(probe: dict) -> tuple[str, int]:
 
 
 def test_the_probes_are_composes_healthchecks(everything):
-    """Readiness: Triton's ready through the gateway (compose's triton check; the launcher waits on it too);
-    liveness: the gateway's /livez, which restarts a wedged Triton (operations.md); the frontend's /health."""
+    """Start-up: Triton's ready through the gateway (compose's triton check; the launcher waits on it too);
+    then readiness: the gateway's /readyz (a failed load leaves the other models serving); liveness: the
+    gateway's /livez, which restarts a wedged Triton (operations.md); the frontend's /health."""
     ready, live = _compose_check("triton"), _compose_check("gateway")
     assert ready[1] == live[1] == DEFAULT_PORTS["http"]
     for pod in triton_pods(everything):
         triton = triton_container(pod)
-        assert _probe(triton["startupProbe"]) == _probe(triton["readinessProbe"]) == ready
+        assert _probe(triton["startupProbe"]) == ready
+        assert _probe(triton["readinessProbe"]) == ("/readyz", live[1])
         assert _probe(triton["livenessProbe"]) == live
-        # The gateway's 3 s deadline fits in the probe's timeout.
-        assert triton["livenessProbe"]["timeoutSeconds"] > 3
+        # The gateway's 3 s deadline fits in the probes' timeouts.
+        assert triton["livenessProbe"]["timeoutSeconds"] > 3 and triton["readinessProbe"]["timeoutSeconds"] > 3
         # Loading and warming an LLM: at least compose's 600 s start period.
         startup = triton["startupProbe"]
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 600

@@ -1,5 +1,5 @@
 """The gateway's request handler and server: every request's body is read and checked (request_body),
-generate bodies are typed and given a cancel key (generate_body), `/livez` probes Triton (livez), and
+generate bodies are typed and given a cancel key (generate_body), `/livez` and `/readyz` probe Triton (livez), and
 every request is relayed (upstream). Connections are admitted by `admission`.
 
 aiohttp's low-level server cancels a handler when its client's connection closes
@@ -41,8 +41,8 @@ class Gateway:
         try:
             if not request.rel_url.raw_path.startswith("/"):
                 raise GatewayError(400, f"the request target {request.rel_url.raw_path!r} is not a path")
-            if request.rel_url.raw_path == "/livez" and request.method == "GET":
-                return await self.livez.handle(request)
+            if request.rel_url.raw_path in ("/livez", "/readyz") and request.method == "GET":
+                return await self.livez.handle(request, ready=request.rel_url.raw_path == "/readyz")
             async with request_body.read(request, self.limits, self.held) as body:
                 content_type = request_body.check(body, request.headers, self.limits)
                 generate = GENERATE.match(request.rel_url.path) if request.method == "POST" else None

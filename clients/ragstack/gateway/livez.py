@@ -1,13 +1,18 @@
-"""`GET /livez`: 200 only when Triton answers its repository index within livez_timeout_s.
+"""`GET /livez`: 200 only when Triton answers its repository index within livez_timeout_s. `GET /readyz`:
+200 when, besides, a model is READY and none is LOADING or UNLOADING.
 
 Triton's own /v2/health/live answers 200 from a server whose crash handler has deadlocked; the index
-goes through the model repository manager, so a wedged server fails it. The repository API needs the
-admin key where one is set. Each probe opens a new connection (a wedged server may still accept one
-but never answers it), and concurrent /livez calls share the probe under way.
+goes through the model repository manager, so a wedged server fails it. Triton's /v2/health/ready (strict
+readiness) stays false after any model's failed load until Triton restarts (2.51), though every other
+model serves: /readyz is the readiness to probe once a server has started (its startup: Triton's own,
+which needs every model it was told to load). The repository API needs the admin key where one is set.
+Each probe opens a new connection (a wedged server may still accept one but never answers it), and
+concurrent /livez and /readyz calls share the probe under way.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 from aiohttp import web
@@ -24,25 +29,35 @@ class Livez:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         self._probe: asyncio.Future | None = None
 
-    async def handle(self, request: web.BaseRequest) -> web.Response:
+    async def handle(self, request: web.BaseRequest, ready: bool = False) -> web.Response:
+        """/livez, or /readyz with `ready`."""
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._ask())
-        problem = await asyncio.shield(self._probe)
+        problem, models = await asyncio.shield(self._probe)
         if problem:
             raise GatewayError(503, f"tritonserver is not live: {problem}")
-        return web.json_response({"live": True})
+        if not ready:
+            return web.json_response({"live": True})
+        problem = readiness_problem(models)
+        if problem:
+            raise GatewayError(503, f"tritonserver is not ready: {problem}")
+        return web.json_response({"ready": True})
 
-    async def _ask(self) -> str | None:
-        """None when Triton answered in time, else why not."""
+    async def _ask(self) -> tuple[str | None, list[dict]]:
+        """(None, the index's models) when Triton answered in time, else (why not, [])."""
         try:
             status, body = await asyncio.wait_for(self._index(), self.timeout_s)
         except asyncio.TimeoutError:
-            return f"no answer to the repository index within {self.timeout_s:g} s (livez_timeout_s)"
+            return f"no answer to the repository index within {self.timeout_s:g} s (livez_timeout_s)", []
         except aiohttp.ClientError as exc:
-            return f"the repository index failed: {exc}"
+            return f"the repository index failed: {exc}", []
         if status != 200:
-            return f"the repository index answered {status}: {body[:200].decode(errors='replace')}"
-        return None
+            return f"the repository index answered {status}: {body[:200].decode(errors='replace')}", []
+        try:
+            models = json.loads(body)
+        except ValueError:
+            return f"the repository index answered no JSON: {body[:200].decode(errors='replace')}", []
+        return None, models if isinstance(models, list) else []
 
     async def _index(self) -> tuple[int, bytes]:
         async with self._session.post(self.url, headers=self.headers, data=b"{}") as response:
@@ -50,3 +65,15 @@ class Livez:
 
     async def close(self) -> None:
         await self._session.close()
+
+
+def readiness_problem(models: list[dict]) -> str | None:
+    """Why a server whose index lists `models` should take no traffic now, or None: no model READY, or one
+    LOADING or UNLOADING (a version changing under the requests). A model that failed to load, or was
+    unloaded, is UNAVAILABLE and leaves the others serving."""
+    moving = [f"{m.get('name')} {m.get('state')}" for m in models if m.get("state") in ("LOADING", "UNLOADING")]
+    if moving:
+        return ", ".join(moving[:5])
+    if not any(m.get("state") == "READY" for m in models):
+        return "no model is READY"
+    return None
