@@ -90,7 +90,7 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/embeddings", {"model": "embed", "input": ["ok", "  "]}, 400, "input[1]", "input[1] is empty"),
     ("/v1/embeddings", {"model": "embed", "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": []}, 400, "documents", "at least one"),
-    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "top_n": -1}, 400, "top_n", "at least 0"),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "top_n": "2"}, 400, "top_n", "valid integer"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a", ""]}, 400, "documents[1]",
      "documents[1] is empty"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "return_urls": True}, 400, "return_urls",
@@ -145,13 +145,22 @@ def test_strings_of_a_lone_surrogate_are_refused_naming_the_field(triton_server,
     assert error["param"] == param and f"{param} holds a lone surrogate escape" in error["message"], error
 
 
-def test_nan_and_infinity_are_not_json(triton_server):
-    for literal in (b"NaN", b"Infinity", b"-Infinity"):
+def test_nan_infinity_and_numbers_past_a_double_are_not_json(triton_server):
+    for literal, words in ((b"NaN", "NaN is not a JSON number"), (b"Infinity", "Infinity is not a JSON number"),
+                           (b"-Infinity", "Infinity is not a JSON number"), (b"1e400", "1e400 is past a double's range")):
         response = post(triton_server, "/v1/chat/completions", headers={"Content-Type": "application/json"},
                         content=b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "temperature": '
                                 + literal + b"}")
         assert response.status_code == 400, response.text
-        assert f"{literal.decode().lstrip('-')} is not a JSON number" in response.json()["error"]["message"]
+        assert words in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32-be"])
+def test_json_in_another_encoding_than_utf8_is_refused(triton_server, encoding):
+    """RFC 8259's rule; Python's parser would take it, and a \\ud800 in it past the surrogate check."""
+    body = '{"model": "embed", "input": "hi \\ud800"}'.encode(encoding)
+    response = post(triton_server, "/v1/embeddings", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and "must be JSON in UTF-8, got utf-" in response.json()["error"]["message"]
 
 
 def test_bodies_past_the_limits_are_refused_before_parsing(triton_server):

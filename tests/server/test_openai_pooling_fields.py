@@ -109,7 +109,7 @@ def test_cohere_and_vllm_rerank_fields(triton_server, triton):
             ("rank_fields", ["title"], "rank_fields", 'only ["text"]'),
             ("max_tokens_per_doc", 0, "max_tokens_per_doc", "at least 1"),
             ("priority", 2, "priority", "only 0"),
-            ("top_n", -1, "top_n", "at least 0"),
+            ("top_n", 1.5, "top_n", "valid integer"),
             ("use_activation", True, "use_activation", "use_activation: true is not supported"),
             ("softmax", True, "softmax", "no activation is applied"),
             ("return_urls", True, "return_urls", "'return_urls' is not supported by this endpoint")):

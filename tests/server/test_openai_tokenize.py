@@ -45,6 +45,12 @@ def test_messages_count_as_a_chat_counts_them(triton_server):
         tokenize(triton_server, messages=HELLO)["count"]
 
 
+def test_messages_of_text_beyond_ascii_go_as_utf8_within_the_llms_limit(triton_server):
+    """600 KB of CJK as a message: as JSON escapes it would be 1.2 MB, past the llm's 1 MiB messages input."""
+    wide = [{"role": "user", "content": "日" * 200_000}]
+    assert tokenize(triton_server, messages=wide)["count"] > 1000
+
+
 def test_token_strs_are_the_prompt_s_pieces(triton_server):
     got = tokenize(triton_server, prompt=TEXT, return_token_strs=True)
     assert len(got["token_strs"]) == got["count"]

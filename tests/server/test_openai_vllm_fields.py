@@ -178,8 +178,9 @@ def test_without_a_model_the_one_that_serves_the_endpoint_answers(triton_server,
         error = response.json()["error"]
         assert response.status_code == 400 and error["param"] == "model"
         assert f"{len(llms)} models serve completions" in error["message"] and all(n in error["message"] for n in llms)
-    embedded = post(triton_server, "/v1/embeddings", {"input": "Hello"})
-    assert embedded.status_code == 200 and embedded.json()["model"] == "embed"
+    for unnamed in ({}, {"model": ""}):   # vLLM's rule takes an empty name as none
+        embedded = post(triton_server, "/v1/embeddings", {"input": "Hello", **unnamed})
+        assert embedded.status_code == 200 and embedded.json()["model"] == "embed"
 
 
 def test_rag_takes_vllm_s_template_fields_at_their_defaults_and_names_any_other(triton_server):

@@ -28,12 +28,12 @@ async def embeddings(request: Request, frontend: Frontend) -> JSONResponse:
     if body.dimensions is not None and body.dimensions != served.dimensions:
         raise APIError(400, f"dimensions: model '{served.name}' makes {served.dimensions}-dimensional embeddings "
                             f"and cannot shorten them; got {body.dimensions}", "dimensions")
-    pooling.check_texts([(f"input[{i}]", text) for i, text in enumerate(texts)], served.name,
+    pooling.check_texts([(body.param(i), text) for i, text in enumerate(texts)], served.name,
                         await pooling.max_text_bytes(frontend.triton, served.name))
     size = frontend.limits.embed_batch
     batches = [{"text": t.texts(texts[i:i + size])} for i in range(0, len(texts), size)]
     ran = await pooling.run(request, frontend.triton, served.name, batches, PARAMS, frontend.embed_gate)
-    pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"input[{i}]", must_ask=True)
+    pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, body.param, must_ask=True)
     vectors = np.concatenate([o["embedding"] for o in ran.outputs]).astype("<f4")
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.tobytes()).decode() if body.encoding_format == "base64" else v.tolist()}

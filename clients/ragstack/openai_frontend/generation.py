@@ -99,11 +99,11 @@ def llm_inputs(prompt_or_messages: str | list[int] | list[dict], sampling: dict,
     elif isinstance(prompt_or_messages[0], int):
         inputs = {"prompt_token_ids": np.array(prompt_or_messages, dtype=np.int32)}
     else:
-        inputs = {"messages": t.text(json.dumps(prompt_or_messages))}
+        inputs = {"messages": t.text(json.dumps(prompt_or_messages, ensure_ascii=False))}
     if tools is not None:
         inputs["tools"] = tools
     if template_kwargs is not None:
-        inputs["chat_template_kwargs"] = t.text(json.dumps(template_kwargs))
+        inputs["chat_template_kwargs"] = t.text(json.dumps(template_kwargs, ensure_ascii=False))
     inputs.update(stream=t.flag(stream), sampling_parameters=t.text(json.dumps(sampling)),
                   exclude_input_in_output=t.flag(True), return_finish_reason=t.flag(True),
                   return_num_input_tokens=t.flag(True), return_num_output_tokens=t.flag(True),

@@ -50,8 +50,9 @@ def kind_of(config: dict) -> Served | None:
 
 async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
     """The model, if it is loaded and serves `endpoint`; else 404 (no such model) or 400 (another kind).
-    None: the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one model."""
-    if model is None:
+    None or "": the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one
+    model."""
+    if not model:
         model = await _only_model(triton, endpoint)
     config = await triton.config(checked_name(model))
     found = kind_of(config) if config is not None else None

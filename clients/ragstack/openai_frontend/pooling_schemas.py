@@ -78,8 +78,12 @@ class EmbeddingRequest(Pooling):
             raise APIError(400, f"input has {len(texts)} items; the limit is {limits.max_embedding_inputs} "
                                 "(max_embedding_inputs)", "input")
         for i, text in enumerate(texts):
-            check_text(text, f"input[{i}]", limits)
+            check_text(text, self.param(i), limits)
         return texts
+
+    def param(self, i: int) -> str:
+        """How errors name input i: `input` itself when it is one string."""
+        return "input" if isinstance(self.input, str) else f"input[{i}]"
 
 
 class Scored(Pooling):
@@ -119,8 +123,6 @@ class RerankRequest(Scored):
         if self.rank_fields not in (None, ["text"]):
             raise APIError(400, f"rank_fields: only [\"text\"] is supported, got {str(self.rank_fields)[:100]}",
                            "rank_fields")
-        if self.top_n is not None and self.top_n < 0:
-            raise APIError(400, f"top_n must be at least 0 (0 or null: every document), got {self.top_n}", "top_n")
         return self
 
     def texts(self, limits: FrontendLimits) -> list[str]:

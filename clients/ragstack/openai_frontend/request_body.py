@@ -1,11 +1,12 @@
 """A request's body, bounded before it is parsed: its size (max_body_bytes, counted as it arrives), its
 pauses (body_timeout_s), its JSON nesting (max_json_depth, counted without parsing: Python's parser
-recurses), then its JSON (strict: no NaN or Infinity, no string holding a lone surrogate, which no text
-encoding can carry on) and its fields (a pydantic model). Every refusal names the limit or the field."""
+recurses), then its JSON (strict: UTF-8, no NaN, Infinity or number past a double's range, no string
+holding a lone surrogate, which no text encoding can carry on) and its fields (a pydantic model). Every refusal names the limit or the field."""
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from typing import TypeVar
 
@@ -51,8 +52,11 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
     if found is not None:
         raise APIError(400, f"the request's JSON nests {found} levels deep; the limit is {limits.max_json_depth} "
                             "(max_json_depth)")
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):   # RFC 8259: JSON between systems is UTF-8
+        raise APIError(400, f"the request body must be JSON in UTF-8, got {encoding}")
     try:
-        value = json.loads(body, parse_constant=_not_json)
+        value = json.loads(body, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -72,6 +76,13 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
 
 def _not_json(literal: str):
     raise ValueError(f"{literal} is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal[:40]} is past a double's range")
+    return value
 
 
 def _refuse_surrogates(value, loc: tuple) -> None:

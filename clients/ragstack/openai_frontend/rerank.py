@@ -40,12 +40,13 @@ async def _rerank(request: Request, frontend: Frontend, version: str, documents:
     scores, ran = await scored(request, frontend, served.name, [(body.query, texts)], PARAMS)
     pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"documents[{i}] with the query",
                       must_ask=False)
-    order = sorted(range(len(texts)), key=lambda i: -scores[i])[:body.top_n or None]
+    top_n = body.top_n if body.top_n and body.top_n > 0 else None   # vLLM's: 0 or less, every document
+    order = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
     returned = documents if body.return_documents is None else body.return_documents
     results = [{"index": i, "relevance_score": float(scores[i]),
                 **({"document": {"text": texts[i]}} if returned else {})} for i in order]
     return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": served.name, "results": results,
-                         "usage": {"total_tokens": ran.used()},
+                         "usage": {"prompt_tokens": ran.used(), "total_tokens": ran.used()},
                          "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
 
 

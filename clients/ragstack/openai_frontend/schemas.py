@@ -243,7 +243,7 @@ class ChatRequest(Generation):
             raise APIError(400, f"continue_final_message needs the last message to be an assistant message; "
                                 f"messages[{len(self.messages) - 1}] is a {self.messages[-1].role[:20]!r} message",
                            "continue_final_message")
-        size = len(json.dumps(self.template_kwargs() or {}).encode())
+        size = len(json.dumps(self.template_kwargs() or {}, ensure_ascii=False).encode())   # as sent
         if size > LLM_JSON_BYTES:
             fields = self.template_fields()
             raise APIError(400, f"{' and '.join(fields)} take {size} bytes of JSON; the limit is {LLM_JSON_BYTES} "

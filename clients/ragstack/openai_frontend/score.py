@@ -3,8 +3,9 @@ Pairs of texts in: `text_1` and `text_2` (or vLLM's newer names, pooling_schemas
 a list of strings, paired 1 x N (one first text with every second text) or N x N (one by one); one score per pair
 out, in `data` by the pair's index (not sorted, unlike rerank), with `usage` as vLLM counts it.
 
-Each pair goes through the same rerank model and path as `/v1/rerank`, so its score equals rerank's
-`relevance_score` for the same query and document. The score is that model's own output: the cosine of the two
+Each pair goes through the same rerank model and path as `/v1/rerank`, so its score is rerank's
+`relevance_score` for the same query and document (identical for the same query and document list; else up to
+float32 rounding, the model's batches being other sizes). The score is that model's own output: the cosine of the two
 texts' embeddings for the bundled reranker (version 1, pair-cosine; vLLM's score of an embedding model is that
 cosine too), a raw logit for a cross-encoder export, where vLLM by default gives its sigmoid (its `use_activation`
 null or true). No activation is applied here, and the frontend cannot tell which kind of version Triton serves,

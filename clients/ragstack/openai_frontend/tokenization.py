@@ -58,12 +58,12 @@ class TokenizeRequest(Strict):
         chat = ChatRequest(messages=self.messages, add_generation_prompt=self.add_generation_prompt,
                            continue_final_message=self.continue_final_message,
                            chat_template_kwargs=self.chat_template_kwargs)
-        inputs = {"messages": t.text(json.dumps(chat.chat(limits)))}
+        inputs = {"messages": t.text(json.dumps(chat.chat(limits), ensure_ascii=False))}
         llm_tools = tools.llm_tools(tools.plan(self.tools, None, None))
         if llm_tools is not None:
             inputs["tools"] = llm_tools
         if chat.template_kwargs() is not None:
-            inputs["chat_template_kwargs"] = t.text(json.dumps(chat.template_kwargs()))
+            inputs["chat_template_kwargs"] = t.text(json.dumps(chat.template_kwargs(), ensure_ascii=False))
         return inputs
 
     def options(self) -> dict[str, bool]:
