@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from llm_engine.engine.detokenizer import IncrementalDetokenizer
 from llm_request import LLMRequest
+from prompt_pieces import prompt_pieces
 from stop_reason import stop_reason_json
 
 
@@ -87,14 +88,12 @@ class ResponseBuilder:
             return b"null"
         self._sent_prompt_logprobs = True
         skip = False   # the prompt as it was: its special tokens shown, as vLLM's prompt logprobs show them
-        pieces = IncrementalDetokenizer(self.tokenizer, [], [], skip)
         ids = out.prompt_token_ids
         entries = []
         decoded: dict[int, dict] = {}  # a long prompt's top tokens repeat: each decoded once
         token_bytes = self.tokenizer.token_bytes
-        for i, (token, logprob, top) in enumerate(zip(ids, out.prompt_logprobs, out.prompt_top_logprobs)):
-            pieces.add_token(token, check_stop=False, last=i == len(ids) - 1)
-            piece = pieces.emit(finished=i == len(ids) - 1)
+        for token, piece, logprob, top in zip(ids, prompt_pieces(self.tokenizer, ids), out.prompt_logprobs,
+                                              out.prompt_top_logprobs):
             own = {"logprob": None, "rank": None, "decoded_token": piece, "bytes": token_bytes(token, skip)}
             if top is None:  # the first token: nothing before it to score it
                 entries.append({str(token): own})

@@ -144,10 +144,9 @@ def assemble_backend_dir(install: ServerInstall, dest: Path, project_backends: P
 
 
 def port_is_free(address: str, port: int) -> bool:
-    """Whether `port` can be bound on `address` (IPv4 or IPv6). An address that cannot be bound at all
-    raises LauncherError, so it is not taken for a port in use."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    """Whether `port` can be bound on `address` (IPv4). An address that cannot be bound at all raises
+    LauncherError, so it is not taken for a port in use."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((address, port))
@@ -328,6 +327,9 @@ class TritonServer:
                 admin_key.check(opts.admin_key)
             except ValueError as exc:
                 raise LauncherError(str(exc)) from None
+        if ":" in opts.address:   # Triton 2.51 joins its gRPC address and port as "::" + ":port"
+            raise LauncherError(f"--address {opts.address}: an IPv6 address is not supported (Triton's gRPC cannot "
+                                "bind one); use an IPv4 address such as 0.0.0.0 or 127.0.0.1")
         ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
         ports += [("OpenAI", opts.openai_port)] if opts.openai_port else []
         for i, (name, port) in enumerate(ports):

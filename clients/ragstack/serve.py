@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="*",
                         help="comma-separated models to load at start (default '*': every model)")
     parser.add_argument("--address", default="127.0.0.1",
-                        help="bind address of HTTP, gRPC, metrics and the OpenAI API (default 127.0.0.1, loopback "
-                             "only; an IPv6 address such as :: too)")
+                        help="IPv4 bind address of HTTP, gRPC, metrics and the OpenAI API (default 127.0.0.1, "
+                             "loopback only)")
     parser.add_argument("--http-port", type=_port(1), default=8000)
     parser.add_argument("--grpc-port", type=_port(1), default=8001)
     parser.add_argument("--metrics-port", type=_port(1), default=8002)

@@ -68,20 +68,11 @@ def test_two_servers_on_one_port_are_refused_before_anything_starts(tmp_path):
     assert message == f"--http-port and --openai-port are both {port}; give each its own port"
 
 
-def test_ports_are_checked_on_ipv6_addresses_too():
-    if not socket.has_ipv6:
-        pytest.skip("no IPv6 on this machine")
-    with socket.socket(socket.AF_INET6) as busy:
-        try:
-            busy.bind(("::1", 0))
-        except OSError:
-            pytest.skip("no IPv6 loopback here")
-        busy.listen()
-        port = busy.getsockname()[1]
-        assert not port_is_free("::1", port)
-    assert port_is_free("::1", port)   # free again: not refused for the address's family
-    with pytest.raises(LauncherError, match="cannot bind 192.0.2.1 port"):   # no such address here
-        port_is_free("192.0.2.1", port)
+def test_an_ipv6_address_is_refused_and_an_address_not_here_is_not_a_port_in_use(tmp_path):
+    message = start_expecting_failure(tmp_path, model_repositories=[FIXTURE_REPOSITORY], address="::")
+    assert message.startswith("--address ::: an IPv6 address is not supported")
+    with pytest.raises(LauncherError, match="cannot bind 192.0.2.1 port"):   # TEST-NET-1: no address of this host
+        port_is_free("192.0.2.1", free_server_options().http_port)
 
 
 def test_no_stub_for_this_python(tmp_path, monkeypatch):

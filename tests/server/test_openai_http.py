@@ -145,6 +145,31 @@ def test_strings_of_a_lone_surrogate_are_refused_naming_the_field(triton_server,
     assert error["param"] == param and f"{param} holds a lone surrogate escape" in error["message"], error
 
 
+def test_a_lone_surrogate_in_a_tool_calls_arguments_is_refused_naming_them(triton_server):
+    """The arguments are JSON text inside the body's JSON: their escape reaches the frontend as text."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}
+    messages = [HELLO[0], {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"}]
+    for path, body in (("/v1/chat/completions", {"model": "llm", "messages": messages, "max_tokens": 2}),
+                       ("/tokenize", {"model": "llm", "messages": messages})):
+        response = post(triton_server, path, body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments.a"
+
+
+def test_streamed_text_offsets_are_the_whole_answers_after_a_stop_strings_cut(triton_server):
+    asked = {"model": "llm", "prompt": "The KV cache", "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+             "logprobs": 1}
+    text = post(triton_server, "/v1/completions", asked).json()["choices"][0]["text"]
+    for stop in (text[3:5], text[7:8]):   # likely inside a token: its cut keeps the token
+        whole = post(triton_server, "/v1/completions", {**asked, "stop": [stop]}).json()["choices"][0]["logprobs"]
+        events = sse(post(triton_server, "/v1/completions", {**asked, "stop": [stop], "stream": True}))
+        chunks = [json.loads(e)["choices"] for e in events[:-1]]
+        streamed = [c[0]["logprobs"] for c in chunks if c and c[0]["logprobs"]]
+        assert [t for lp in streamed for t in lp["tokens"]] == whole["tokens"], stop
+        assert [o for lp in streamed for o in lp["text_offset"]] == whole["text_offset"], stop
+
+
 def test_nan_infinity_and_numbers_past_a_double_are_not_json(triton_server):
     for literal, words in ((b"NaN", "NaN is not a JSON number"), (b"Infinity", "Infinity is not a JSON number"),
                            (b"-Infinity", "Infinity is not a JSON number"), (b"1e400", "1e400 is past a double's range")):

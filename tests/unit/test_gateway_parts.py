@@ -77,10 +77,17 @@ def test_the_gateways_config_caches_keep_the_newest_entries_up_to_their_bound():
     assert "/v2/models/m10" in cache and "/v2/models/m11" not in cache
 
 
-def test_readyz_leaves_a_failed_load_out_and_a_moving_model_in():
-    ready, failed = {"name": "llm", "state": "READY"}, {"name": "broken", "state": "UNAVAILABLE"}
-    assert readiness_problem([ready, failed]) is None   # Triton's strict readiness: false until it restarts
-    assert readiness_problem([failed]) == "no model is READY"
-    assert readiness_problem([]) == "no model is READY"
-    assert readiness_problem([ready, {"name": "embed", "state": "LOADING"}]) == "embed LOADING"
-    assert readiness_problem([{"name": "llm", "state": "UNLOADING"}, ready]) == "llm UNLOADING"
+def test_readyz_leaves_a_new_models_failed_load_out_and_a_served_ones_or_a_moving_one_in():
+    ready = {"name": "llm", "state": "READY"}
+    failed = {"name": "broken", "state": "UNAVAILABLE", "reason": "Internal: RuntimeError: no"}
+    assert readiness_problem([ready, failed], {"llm"}) is None   # Triton's strict readiness: false meanwhile
+    assert readiness_problem([failed], set()) == "no model is READY"
+    assert readiness_problem([], set()) == "no model is READY"
+    assert readiness_problem([ready, {"name": "embed", "state": "LOADING"}], {"llm"}) == "embed LOADING"
+    assert readiness_problem([{"name": "llm", "state": "UNLOADING"}, ready], {"llm"}) == "llm UNLOADING"
+    # a model it served, reloaded and failed (a stub's death, a bad override): out, though others serve
+    embed = {"name": "embed", "state": "READY"}
+    assert readiness_problem([embed, {**failed, "name": "llm"}], {"llm", "embed"}) == \
+        "llm failed: Internal: RuntimeError: no"
+    assert readiness_problem([embed, {"name": "llm", "state": "UNAVAILABLE", "reason": "unloaded"}],
+                             {"llm", "embed"}) is None   # unloaded on purpose

@@ -1,9 +1,9 @@
 """`GET /livez`: 200 only when Triton answers its repository index within livez_timeout_s. `GET /readyz`:
-200 when, besides, a model is READY and none is LOADING or UNLOADING.
+200 when, besides, a model is READY, none is LOADING or UNLOADING, and none it served has failed since.
 
 Triton's own /v2/health/live answers 200 from a server whose crash handler has deadlocked; the index
 goes through the model repository manager, so a wedged server fails it. Triton's /v2/health/ready (strict
-readiness) stays false after any model's failed load until Triton restarts (2.51), though every other
+readiness) stays false after any model's failed load until that model loads (2.51), though every other
 model serves: /readyz is the readiness to probe once a server has started (its startup: Triton's own,
 which needs every model it was told to load). The repository API needs the admin key where one is set.
 Each probe opens a new connection (a wedged server may still accept one but never answers it), and
@@ -28,6 +28,7 @@ class Livez:
         self.timeout_s = timeout_s
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         self._probe: asyncio.Future | None = None
+        self._served: set[str] = set()   # every model this server has been seen serving (READY)
 
     async def handle(self, request: web.BaseRequest, ready: bool = False) -> web.Response:
         """/livez, or /readyz with `ready`."""
@@ -38,7 +39,8 @@ class Livez:
             raise GatewayError(503, f"tritonserver is not live: {problem}")
         if not ready:
             return web.json_response({"live": True})
-        problem = readiness_problem(models)
+        self._served.update(m.get("name") for m in models if m.get("state") == "READY")
+        problem = readiness_problem(models, self._served)
         if problem:
             raise GatewayError(503, f"tritonserver is not ready: {problem}")
         return web.json_response({"ready": True})
@@ -67,13 +69,17 @@ class Livez:
         await self._session.close()
 
 
-def readiness_problem(models: list[dict]) -> str | None:
-    """Why a server whose index lists `models` should take no traffic now, or None: no model READY, or one
-    LOADING or UNLOADING (a version changing under the requests). A model that failed to load, or was
-    unloaded, is UNAVAILABLE and leaves the others serving."""
+def readiness_problem(models: list[dict], served: set[str]) -> str | None:
+    """Why a server whose index lists `models` should take no traffic now, or None: no model READY, one
+    LOADING or UNLOADING (a version changing under the requests), or one it served (`served`) that failed
+    since. A model unloaded on purpose, or one that failed its first load here, leaves the others serving."""
     moving = [f"{m.get('name')} {m.get('state')}" for m in models if m.get("state") in ("LOADING", "UNLOADING")]
     if moving:
         return ", ".join(moving[:5])
+    failed = [f"{m.get('name')} failed: {str(m.get('reason'))[:200]}" for m in models
+              if m.get("name") in served and m.get("state") == "UNAVAILABLE" and m.get("reason") != "unloaded"]
+    if failed:
+        return "; ".join(failed[:3])
     if not any(m.get("state") == "READY" for m in models):
         return "no model is READY"
     return None

@@ -115,7 +115,7 @@ async def _in_repository(request: Request, frontend: Frontend) -> str:
 
 async def health(_request: Request, frontend: Frontend) -> JSONResponse:
     """Ready when Triton is, or when Triton is live and a model the API serves is ready: Triton's strict
-    readiness stays false after any model's failed load (2.51: until it restarts), while the API's models
+    readiness stays false after any model's failed load (2.51: until that model loads), while the API's models
     go on answering, and a probe must not take those out of service."""
     if await frontend.triton.ready():
         return JSONResponse({"status": "ok"})

@@ -20,6 +20,7 @@ from ragstack.openai_frontend.limits import FrontendLimits
 M = TypeVar("M", bound=BaseModel)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_CONTAINERS = (str, dict, list)
 
 
 async def read(request: Request, limits: FrontendLimits) -> bytes:
@@ -62,7 +63,7 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
     if _SURROGATE_ESCAPE.search(body):   # the only way to a surrogate: raw UTF-8 cannot encode one
-        _refuse_surrogates(value, ())
+        refuse_surrogates(value)
     try:
         return model.model_validate(value)
     except ValidationError as exc:
@@ -85,20 +86,22 @@ def _finite(literal: str) -> float:
     return value
 
 
-def _refuse_surrogates(value, loc: tuple) -> None:
-    """A `\\ud800` escape is JSON, but the string it makes is not Unicode text: refused here, naming where."""
+def refuse_surrogates(value, param: str = "") -> None:
+    """A `\\ud800` escape is JSON, but the string it makes is not Unicode text: refused here, naming where
+    (`param`, the field `value` is)."""
     if isinstance(value, str):
         if _SURROGATE.search(value):
-            param = _param(loc) or "the request body"
-            raise APIError(400, f"{param} holds a lone surrogate escape (\\ud800-\\udfff), which is not text",
-                           _param(loc) or None)
+            raise APIError(400, f"{param or 'the request body'} holds a lone surrogate escape (\\ud800-\\udfff), "
+                                "which is not text", param or None)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _refuse_surrogates(key, loc)
-            _refuse_surrogates(item, (*loc, key))
+            refuse_surrogates(key, param)
+            if type(item) in _CONTAINERS:   # scalars tested here: a token-id prompt holds 100,000s of them
+                refuse_surrogates(item, f"{param}.{key}" if param else key)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _refuse_surrogates(item, (*loc, i))
+            if type(item) in _CONTAINERS:
+                refuse_surrogates(item, f"{param}[{i}]")
 
 
 def _param(loc: tuple) -> str:

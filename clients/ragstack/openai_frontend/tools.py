@@ -28,6 +28,7 @@ from ragstack.openai_frontend import tool_grammar, tool_parsers, tool_schema
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.structured import schema_text
+from ragstack.openai_frontend.request_body import refuse_surrogates
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 128                                     # OpenAI's; the llm's chat_tools.MAX_TOOLS
@@ -159,6 +160,7 @@ def tool_calls_message(message: Any, at: str) -> list[dict]:
             except ValueError as exc:
                 raise APIError(400, f"{where}.function.arguments is not valid JSON: {exc}",
                                f"{where}.function.arguments") from None
+            refuse_surrogates(arguments, f"{where}.function.arguments")   # JSON text inside the body's JSON
         if not isinstance(arguments, dict):
             raise APIError(400, f"{where}.function.arguments must be the JSON text of an object",
                            f"{where}.function.arguments")

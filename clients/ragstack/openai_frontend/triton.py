@@ -187,18 +187,18 @@ class Triton:
         return index.get("models", [])
 
     async def load(self, model: str) -> None:
-        await self._repository(self._client.load_model(model, headers=self._admin), model)
+        await self._repository(self._client.load_model(model, headers=self._admin), model, "load")
 
     async def unload(self, model: str) -> None:
-        await self._repository(self._client.unload_model(model, headers=self._admin), model)
+        await self._repository(self._client.unload_model(model, headers=self._admin), model, "unload")
 
-    async def _repository(self, call, model: str) -> None:
+    async def _repository(self, call, model: str, action: str) -> None:
         try:
             await call
         except InferenceServerException as exc:
             failure = _failure(exc)
             if failure.status == 400:   # Triton's INVALID_ARG for a model that failed: the server's, not the call's
-                failure = APIError(500, failure.message, "model", "model_load_failed")
+                failure = APIError(500, failure.message, "model", f"model_{action}_failed")
             raise failure from None
         finally:
             self._configs.pop(model, None)
