@@ -92,6 +92,8 @@ def test_refusals_name_the_input_and_the_key(messages, kwargs, words):
     (b"{not json", "input 'chat_template_kwargs' is not valid JSON"),
     (b'{"a": 1, "a": 2}', "input 'chat_template_kwargs' has the key 'a' more than once"),
     (b'{"a": NaN}', "input 'chat_template_kwargs' has NaN"),
+    (b'{"a": ["\\ud800"]}', "input 'chat_template_kwargs' has a lone surrogate escape"),
+    (b'{"\\udfff": 1}', "input 'chat_template_kwargs' has a lone surrogate escape"),
     (b"\xff", "input 'chat_template_kwargs' is not valid UTF-8"),
     (b'{"a": "' + b"x" * MAX_JSON_BYTES + b'"}', f"the limit is {MAX_JSON_BYTES}"),
 ])
