@@ -332,11 +332,12 @@ class TritonServer:
                                 "bind one); use an IPv4 address such as 0.0.0.0 or 127.0.0.1")
         ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
         ports += [("OpenAI", opts.openai_port)] if opts.openai_port else []
-        for i, (name, port) in enumerate(ports):
-            same = next((other for other, taken in ports[:i] if taken == port), None)
-            if same is not None:
-                raise LauncherError(f"--{same.lower()}-port and --{name.lower()}-port are both {port}; give each "
-                                    "its own port")
+        named: dict[int, str] = {}
+        for name, port in ports:
+            if port in named:
+                raise LauncherError(f"--{named[port].lower()}-port and --{name.lower()}-port are both {port}; give "
+                                    "each its own port")
+            named[port] = name
         for name, port in ports:
             if not port_is_free(opts.address, port):
                 raise LauncherError(f"{name} port {port} is already in use on {opts.address}; "

@@ -23,7 +23,7 @@ from ragstack.launcher import DEFAULT_REPOSITORIES, LauncherError, ServerOptions
 from ragstack.openai_frontend import keys as openai_keys
 from ragstack.openai_frontend import limits as openai_limits
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = ("127.0.0.1", "localhost")
 
 
 def _port(lowest: int):

@@ -172,7 +172,8 @@ def test_streamed_text_offsets_are_the_whole_answers_after_a_stop_strings_cut(tr
 
 def test_nan_infinity_and_numbers_past_a_double_are_not_json(triton_server):
     for literal, words in ((b"NaN", "NaN is not a JSON number"), (b"Infinity", "Infinity is not a JSON number"),
-                           (b"-Infinity", "Infinity is not a JSON number"), (b"1e400", "1e400 is past a double's range")):
+                           (b"-Infinity", "Infinity is not a JSON number"),
+                           (b"1e400", "1e400 is past a double's range")):
         response = post(triton_server, "/v1/chat/completions", headers={"Content-Type": "application/json"},
                         content=b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "temperature": '
                                 + literal + b"}")

@@ -130,7 +130,8 @@ class Answer:
             if piece.sources is not None:
                 start["sources"] = piece.sources
             chunks.append(self._chunk([{"index": index, "delta": start, "logprobs": None, "finish_reason": None,
-                                        "stop_reason": None}], self._running(index, started=False)))
+                                        "stop_reason": None}],
+                                      self.usage.of_choice(index, self.usage_always, started=False)))
         delta = {}
         text, calls, reason = piece.text, [], piece.finish_reason
         if self.tool_plan is not None:
@@ -149,12 +150,8 @@ class Answer:
             chunks.append(self._chunk([{"index": index, "delta": delta, "finish_reason": reason,
                                         "stop_reason": piece.stop_reason,
                                         "logprobs": {"content": chat_content(piece.logprobs)} if piece.logprobs
-                                        else None}], self._running(index)))
+                                        else None}], self.usage.of_choice(index, self.usage_always)))
         return chunks
-
-    def _running(self, index: int, started: bool = True) -> dict | None:
-        """The choice's usage so far, for continuous usage only (built per chunk)."""
-        return self.usage.of_choice(index, started) if self.usage_always else None
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict(), last=True)] if self.usage_chunk else []

@@ -116,7 +116,7 @@ class Answer:
             self._token_at[index] += sum(len(t.token) for t in piece.logprobs)
         return [self._chunk([{"index": index, "text": text, "logprobs": logprobs,
                               "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}],
-                            self._running(index))]
+                            self.usage.of_choice(index, self.usage_always))]
 
     def _shown(self, piece: Piece) -> Piece:
         """The piece as the answer shows it: with echo_only, without the generated token."""
@@ -138,10 +138,6 @@ class Answer:
         tokens = prompt_scores(first.prompt_logprobs, self.top_logprobs or 0)
         return ("".join(t.token for t in tokens) if echo is None else echo), (
             tokens if self.top_logprobs is not None else [])
-
-    def _running(self, index: int, started: bool = True) -> dict | None:
-        """The choice's usage so far, for continuous usage only (built per chunk)."""
-        return self.usage.of_choice(index, started) if self.usage_always else None
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict(), last=True)] if self.usage_chunk else []

@@ -19,9 +19,11 @@ class Usage:
         """The whole request's: every prompt once, every choice's output."""
         return self._dict(sum(self._prompt), sum(self._completion))
 
-    def of_choice(self, choice: int, started: bool = True) -> dict | None:
-        """vLLM's continuous usage on a choice's chunk: its prompt's tokens and its own output so far
-        (none on the chunk that starts it)."""
+    def of_choice(self, choice: int, asked: bool, started: bool = True) -> dict | None:
+        """vLLM's continuous usage on a choice's chunk, where `asked`: its prompt's tokens and its own output so
+        far (none on the chunk that starts it); None unasked (not built for every chunk)."""
+        if not asked:
+            return None
         return self._dict(self._prompt[choice // self.n], self._completion[choice] if started else 0)
 
     def _dict(self, prompt: int, completion: int) -> dict | None:
