@@ -62,6 +62,27 @@ def detect_kind(model_dir: Path) -> str:
         else "embedder"
 
 
+def score_activation(model_dir: Path) -> str:
+    """The activation a cross-encoder's logit gets in sentence-transformers' CrossEncoder.predict, as vLLM
+    reads it: the class the model's config.json names (`sentence_transformers.activation_fn`, or the older
+    `sbert_ce_default_activation_function`; ms-marco-MiniLM names Identity), else a sigmoid."""
+    config = json.loads((model_dir / "config.json").read_text())
+    named = (config.get("sentence_transformers") or {}).get("activation_fn") \
+        or config.get("sbert_ce_default_activation_function")
+    return named or "torch.nn.modules.activation.Sigmoid"
+
+
+def activation_module(name: str):
+    """torch.nn.modules' class `name`, built without arguments; nothing outside that package is imported
+    (config.json comes with downloaded models)."""
+    import importlib
+
+    module, _, cls = name.rpartition(".")
+    if not module.startswith("torch.nn.modules."):
+        raise ValueError(f"score activation {name!r}: only classes of torch.nn.modules are loaded")
+    return getattr(importlib.import_module(module), cls)()
+
+
 def max_length(model_dir: Path) -> int:
     """The model's token limit: sentence-transformers' max_seq_length, else the tokenizer's (where newer
     sentence-transformers save it), capped by the position embeddings."""
@@ -125,33 +146,35 @@ def check_batch(tok, kind: str, texts=CHECK_TEXTS) -> dict[str, np.ndarray]:
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
 
 
-def load_graph(model_dir: Path, kind: str, tok):
+def load_graph(model_dir: Path, kind: str, tok) -> tuple:
+    """The torch module to export and its output names."""
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     from ragstack.onnx_graphs import CrossEncoderScorer, Embedder, PairCosineReranker
 
     # eager attention: the explicit matmul/softmax graph every ONNX Runtime execution provider fuses
     if kind == "cross-encoder":
-        module = CrossEncoderScorer(AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager"))
+        module = CrossEncoderScorer(AutoModelForSequenceClassification.from_pretrained(
+            model_dir, attn_implementation="eager"), activation_module(score_activation(model_dir)))
     elif kind == "embedder":
         module = Embedder(AutoModel.from_pretrained(model_dir, attn_implementation="eager"), pooling(model_dir))
     else:
         module = PairCosineReranker(AutoModel.from_pretrained(model_dir, attn_implementation="eager"), tok.encode("").ids[0])
-    return module.eval(), ("embedding" if kind == "embedder" else "scores")
+    return module.eval(), (("embedding",) if kind == "embedder" else ("scores", "activated_scores"))
 
 
-def export_fp32(module, output: str, dummy: dict[str, np.ndarray], path: Path) -> None:
+def export_fp32(module, outputs: tuple[str, ...], dummy: dict[str, np.ndarray], path: Path) -> None:
     import torch
 
     from ragstack.onnx_graphs import INPUT_NAMES
 
-    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES} | {output: {0: "batch"}}
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES} | {name: {0: "batch"} for name in outputs}
     args = tuple(torch.from_numpy(dummy[name]) for name in INPUT_NAMES)
     with warnings.catch_warnings():
         # tracer warnings about branches that are constant for encoder inputs; compare() checks the result
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET,
-                          input_names=list(INPUT_NAMES), output_names=[output], dynamic_axes=axes)
+                          input_names=list(INPUT_NAMES), output_names=list(outputs), dynamic_axes=axes)
 
 
 def make_variant(fp32: Path, precision: str, path: Path) -> None:
@@ -167,24 +190,32 @@ def make_variant(fp32: Path, precision: str, path: Path) -> None:
         quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, per_channel=True)
 
 
-def compare(onnx_path: Path, module, sample: dict[str, np.ndarray], precision: str) -> tuple[Check, tuple]:
-    """Run the graph and the PyTorch model on the check batch; also return the graph's output shape."""
+def compare(onnx_path: Path, module, outputs: tuple[str, ...], sample: dict[str, np.ndarray],
+            precision: str) -> tuple[Check, dict[str, tuple]]:
+    """Run the graph and the PyTorch model on the check batch: the worst difference over every output, and
+    each output's shape in the graph."""
     import onnxruntime as ort
     import torch
 
-    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, sample)[0]
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     with torch.no_grad():
-        want = module(*(torch.from_numpy(v) for v in sample.values())).numpy()
-    # cosine per row for embeddings; over the whole batch for scores ([N, 1])
-    got_rows, want_rows = (got, want) if got.shape[1] > 1 else (got.T, want.T)
-    cosine = (got_rows * want_rows).sum(1) / (np.linalg.norm(got_rows, axis=1) * np.linalg.norm(want_rows, axis=1))
-    return Check(float(np.abs(got - want).max()), float(cosine.min()), *TOLERANCE[precision]), got.shape
+        wanted = module(*(torch.from_numpy(v) for v in sample.values()))
+    wanted = wanted if isinstance(wanted, tuple) else (wanted,)
+    diffs, cosines, shapes = [], [], {}
+    for name, got, want in zip(outputs, session.run(list(outputs), sample), wanted, strict=True):
+        want, shapes[name] = want.numpy(), got.shape
+        # cosine per row for embeddings; over the whole batch for scores ([N, 1])
+        got_rows, want_rows = (got, want) if got.shape[1] > 1 else (got.T, want.T)
+        norms = np.linalg.norm(got_rows, axis=1) * np.linalg.norm(want_rows, axis=1)
+        diffs.append(float(np.abs(got - want).max()))
+        cosines.append(float(((got_rows * want_rows).sum(1) / norms).min()))
+    return Check(max(diffs), min(cosines), *TOLERANCE[precision]), shapes
 
 
-def check_config(config_path: Path, onnx_path: Path, output_shape: tuple) -> None:
+def check_config(config_path: Path, onnx_path: Path, output_shapes: dict[str, tuple]) -> None:
     """Fail unless the graph has exactly the config's tensors (names, dtypes, non-batch dims).
 
-    Output dims come from a run (`output_shape`): the exported graph leaves them symbolic."""
+    Output dims come from a run (`output_shapes`, by name): the exported graph leaves them symbolic."""
     import onnx
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
@@ -195,15 +226,16 @@ def check_config(config_path: Path, onnx_path: Path, output_shape: tuple) -> Non
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     elem = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.FLOAT: "TYPE_FP32"}
 
-    def tensors(values, dims=None):
-        return {v.name: (elem.get(v.type.tensor_type.elem_type, "?"),
-                         dims or [d.dim_value or -1 for d in v.type.tensor_type.shape.dim][1:]) for v in values}
+    def tensors(values, shapes=None):
+        def dims(v):
+            return list(shapes[v.name][1:]) if shapes else [d.dim_value or -1 for d in v.type.tensor_type.shape.dim][1:]
+        return {v.name: (elem.get(v.type.tensor_type.elem_type, "?"), dims(v)) for v in values}
 
     def declared(values):
         return {v.name: (model_config_pb2.DataType.Name(v.data_type), list(v.dims)) for v in values}
 
     for what, have, want in (("inputs", tensors(graph.input), declared(config.input)),
-                             ("outputs", tensors(graph.output, list(output_shape[1:])), declared(config.output))):
+                             ("outputs", tensors(graph.output, output_shapes), declared(config.output))):
         if have != want:
             raise SystemExit(f"{onnx_path}: graph {what} {have} differ from {config_path} {want}")
 
@@ -239,6 +271,8 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
     settings = {"kind": kind, "precision": precision, "max_length": limit, "opset": OPSET}
     if kind == "embedder":
         settings["pooling"] = pooling(model_dir)
+    if kind == "cross-encoder":
+        settings["activation"] = score_activation(model_dir)
     stamp = fingerprint(model_dir, settings)
     record_path = out / "export.json"
     if (out / "model.onnx").exists() and record_path.exists() and json.loads(record_path.read_text())["fingerprint"] == stamp:
@@ -249,26 +283,26 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only; never download
     log(f"{name}/{version}: loading {model_dir} as {kind}")
     tok = tokenizer_for(model_dir, limit)
-    module, output = load_graph(model_dir, kind, tok)
+    module, outputs = load_graph(model_dir, kind, tok)
     sample = check_batch(tok, kind)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         log(f"{name}/{version}: exporting to ONNX (opset {OPSET})")
         # traced on a smaller batch, shorter rows than the check batch: the check covers the dynamic axes
-        export_fp32(module, output, check_batch(tok, kind, CHECK_TEXTS[:2]), fp32)
+        export_fp32(module, outputs, check_batch(tok, kind, CHECK_TEXTS[:2]), fp32)
         onnx_path = fp32
         if precision != "fp32":
             log(f"{name}/{version}: converting to {precision}")
             onnx_path = Path(tmp) / f"{precision}.onnx"
             make_variant(fp32, precision, onnx_path)
         log(f"{name}/{version}: checking against PyTorch")
-        check, output_shape = compare(onnx_path, module, sample, precision)
+        check, output_shapes = compare(onnx_path, module, outputs, sample, precision)
         log(f"{name}/{version}: max abs diff {check.max_abs_diff:.2e} (<= {check.tolerance_max_abs_diff:g}), "
             f"min cosine {check.min_cosine:.6f} (>= {check.tolerance_min_cosine:g})")
         if not check.ok:
             raise SystemExit(f"{name}/{version}: the {precision} graph is outside the tolerance; nothing written")
-        check_config(repository / name / "config.pbtxt", onnx_path, output_shape)
+        check_config(repository / name / "config.pbtxt", onnx_path, output_shapes)
         record_input_limits(onnx_path, model_dir, limit)
         os.replace(onnx_path, out / "model.onnx")
     for file in TOKENIZER_FILES[1:]:

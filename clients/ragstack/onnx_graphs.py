@@ -1,11 +1,14 @@
 """The torch modules that `ragstack.onnx_export` turns into the served ONNX graphs.
 
 Every graph takes what the `tokenizer` backend produces — `input_ids`, `attention_mask`,
-`token_type_ids`, int64 [N, S], right-padded — and returns one float32 tensor:
+`token_type_ids`, int64 [N, S], right-padded — and returns float32 tensors:
   embedder        -> `embedding` [N, D]: mean pooling over real tokens (or the [CLS] token, as bge
                      pools), then L2 normalisation: sentence-transformers' Pooling + Normalize;
-  cross-encoder   -> `scores` [N, 1]: the relevance logit of a *ForSequenceClassification model;
-  pair-cosine     -> `scores` [N, 1]: a bi-encoder in the cross-encoder interface (see PairCosineReranker).
+  cross-encoder   -> `scores` [N, 1]: the relevance logit of a *ForSequenceClassification model, and
+                     `activated_scores` [N, 1]: the model's activation of it (sentence-transformers'
+                     CrossEncoder.predict; a sigmoid unless the model names another);
+  pair-cosine     -> `scores` and `activated_scores` [N, 1], both the cosine: a bi-encoder in the
+                     cross-encoder interface (see PairCosineReranker), scored as vLLM scores one.
 Each graph first drops the padding columns that no row of the batch uses, so requests padded to a
 common bucket length (which lets Triton's dynamic batcher merge them) cost only what the longest
 real text of the merged batch costs.
@@ -50,16 +53,18 @@ class Embedder(nn.Module):
 
 
 class CrossEncoderScorer(nn.Module):
-    def __init__(self, classifier: nn.Module):
+    def __init__(self, classifier: nn.Module, activation: nn.Module):
         super().__init__()
         if classifier.config.num_labels != 1:
             raise ValueError(f"a cross-encoder needs num_labels=1 (one relevance logit), got {classifier.config.num_labels}")
         self.classifier = classifier
+        self.activation = activation
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         input_ids, attention_mask, token_type_ids = drop_common_padding(input_ids, attention_mask, token_type_ids)
-        return self.classifier(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).logits
+        logits = self.classifier(input_ids=input_ids, attention_mask=attention_mask,
+                                 token_type_ids=token_type_ids).logits
+        return logits, self.activation(logits)
 
 
 class PairCosineReranker(nn.Module):
@@ -97,4 +102,5 @@ class PairCosineReranker(nn.Module):
         hidden = self.encoder.encoder(hidden, attention_mask=additive).last_hidden_state
         q = F.normalize(mean_pool(hidden, query), dim=-1)
         p = F.normalize(mean_pool(hidden, passage), dim=-1)
-        return (q * p).sum(dim=-1, keepdim=True)
+        cosine = (q * p).sum(dim=-1, keepdim=True)
+        return cosine, cosine.clone()   # clone: a graph output named twice needs a node of its own

@@ -77,7 +77,7 @@ SIDES = st.one_of(
     st.lists(st.sampled_from(["", " \n"]), min_size=1, max_size=2), st.lists(st.just("t"), min_size=3, max_size=4),
     st.integers(16385, 20000).map("x".__mul__), st.lists(st.fixed_dictionaries({"content": JSON}), min_size=1,
                                                          max_size=2))
-NOT_FALSE = JSON.filter(lambda v: v is not None and v is not False)
+NOT_BOOL = JSON.filter(lambda v: v is not None and not isinstance(v, bool))
 NOT_NULL = JSON.filter(lambda v: v is not None)
 SHARED = {"model": MODELS, "stream": JSON, "stream_options": JSON, "n": st.one_of(JSON, st.integers(-5, 100)),
           "user": JSON, "response_format": RESPONSE_FORMATS, **BAD_VALUES}
@@ -102,7 +102,7 @@ FIELDS = {
                   "user": JSON.filter(lambda v: v is not None and not isinstance(v, str)),
                   "request_id": JSON.filter(lambda v: v is not None and not isinstance(v, str)),
                   "mm_processor_kwargs": JSON.filter(lambda v: v not in (None, {})),
-                  **dict.fromkeys(("use_activation", "activation", "softmax"), NOT_FALSE)},
+                  **dict.fromkeys(("use_activation", "activation", "softmax"), NOT_BOOL)},
 }
 
 

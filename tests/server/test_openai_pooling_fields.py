@@ -110,8 +110,7 @@ def test_cohere_and_vllm_rerank_fields(triton_server, triton):
             ("max_tokens_per_doc", 0, "max_tokens_per_doc", "at least 1"),
             ("priority", 2, "priority", "only 0"),
             ("top_n", 1.5, "top_n", "valid integer"),
-            ("use_activation", True, "use_activation", "use_activation: true is not supported"),
-            ("softmax", True, "softmax", "no activation is applied"),
+            ("use_activation", "yes", "use_activation", "valid boolean"),
             ("return_urls", True, "return_urls", "'return_urls' is not supported by this endpoint")):
         assert words in error_of(post(triton_server, "/v1/rerank", {**body, field: value}), param)
 

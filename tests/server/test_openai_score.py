@@ -83,10 +83,15 @@ def test_vllms_fields_at_the_values_this_server_honours(http):
     assert [d["score"] for d in got["data"]] == pytest.approx(expected, abs=1e-6)
 
 
-def test_no_activation_is_applied_so_asking_for_one_is_refused(http):
+def test_the_bundled_reranker_answers_its_cosine_with_or_without_activation(http):
+    """vLLM scores an embedding model by the cosine alone; the pair-cosine reranker's activated score is that
+    cosine (a cross-encoder's: test_rag_rerank)."""
+    body = {"text_1": QUESTION, "text_2": DOCUMENTS}
+    plain = [d["score"] for d in answered(http.post("/v1/score", json=body))["data"]]
     for name in ("use_activation", "activation", "softmax"):
-        message = refused(http.post("/v1/score", json={"text_1": "q", "text_2": "d", name: True}), name)
-        assert f"{name}: true is not supported" in message and "no activation is applied" in message
+        for value in (True, False):
+            got = answered(http.post("/v1/score", json={**body, name: value}))["data"]
+            assert [d["score"] for d in got] == pytest.approx(plain, abs=1e-6)
 
 
 @pytest.mark.parametrize("body, param, words", [

@@ -1,10 +1,13 @@
 """The rag pipeline's rerank step (rag_rerank) on the real server: with the default reranker (the
 embedder's pair-cosine) the scores are the retriever's and no passage is encoded again; a cross-encoder
-served as `reranker` is called for every query and its scores order the context."""
+served as `reranker` is called for every query and its scores order the context, and the OpenAI frontend
+answers its activated score as vLLM does (CrossEncoder.predict's sigmoid), its logit when asked."""
 from __future__ import annotations
 
 import json
 
+import httpx2 as httpx
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
@@ -40,7 +43,7 @@ def reload_server(tmp_path_factory):
     from ragstack.launcher import TritonServer
     from server_helpers import free_server_options
 
-    options = free_server_options(models=["rag_context", "rerank", "embed"])
+    options = free_server_options(openai=True, models=["rag_context", "rerank", "embed"])
     with TritonServer(options, work_dir=tmp_path_factory.mktemp("triton-rerank-swap")) as server:
         yield server
 
@@ -57,6 +60,28 @@ def reranker_executions(http) -> int:
 def scores_by_id(http, passages) -> dict[str, float]:
     """The `rerank` ensemble's score of each passage, by passage id."""
     return dict(zip((p.id for p in passages), rerank(http, QUESTION, [p.text for p in passages])[0].tolist()))
+
+
+def check_the_openai_scores_are_vllms(url, folder, passages, logits):
+    """rerank and score answer sentence-transformers' CrossEncoder.predict (vLLM's default: the sigmoid) unless
+    use_activation is false (the logit, as `rerank` gives it over Triton)."""
+    from sentence_transformers import CrossEncoder
+
+    texts = [p.text for p in passages]
+    predicted = CrossEncoder(str(folder), device="cpu").predict([(QUESTION, t) for t in texts])
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for extra, want in (({}, predicted), ({"use_activation": True}, predicted),
+                            ({"use_activation": False}, [logits[p.id] for p in passages]),
+                            ({"activation": False}, [logits[p.id] for p in passages])):
+            answer = http.post("/v1/rerank", json={"model": "rerank", "query": QUESTION, "documents": texts,
+                                                   **extra})
+            assert answer.status_code == 200, answer.text
+            got = {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
+            np.testing.assert_allclose([got[i] for i in range(len(texts))], want, atol=1e-5)
+            score = http.post("/v1/score", json={"model": "rerank", "text_1": QUESTION, "text_2": texts, **extra})
+            assert score.status_code == 200, score.text
+            np.testing.assert_allclose([d["score"] for d in score.json()["data"]], want, atol=1e-5)
+    assert 0 < min(predicted) and max(predicted) < 1 and not np.allclose(predicted, [logits[p.id] for p in passages])
 
 
 def test_default_reranker_scores_come_from_the_retriever(clients):
@@ -94,6 +119,7 @@ def test_a_cross_encoder_in_the_reranker_slot_orders_the_context(reload_server, 
         assert scores == sorted(scores, reverse=True)
         for source in context.sources:
             assert source.score == pytest.approx(cross_encoder[source.passage_id], abs=1e-5)
+        check_the_openai_scores_are_vllms(reload_server.openai_url, tiny_cross_encoder, passages, cross_encoder)
     finally:
         http.load_model("reranker")  # the repository's config again: version 1
         wait_until_settled(rag, "reranker")

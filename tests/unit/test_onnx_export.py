@@ -23,11 +23,18 @@ PASSAGES = ["The Eiffel Tower was completed in March 1889 for the World's Fair."
             "Mount Everest is 8,849 metres high.", "ok"]
 
 
-def run(version_dir: Path, encodings) -> np.ndarray:
+def run(version_dir: Path, encodings, output: int = 0) -> np.ndarray:
     feed = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
-    return ort.InferenceSession(str(version_dir / "model.onnx")).run(None, feed)[0]
+    return ort.InferenceSession(str(version_dir / "model.onnx")).run(None, feed)[output]
+
+
+def cross_encoder_predict(folder: Path) -> np.ndarray:
+    """sentence-transformers' CrossEncoder.predict (the activated score vLLM answers by default)."""
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(folder), device="cpu").predict([(QUERY, p) for p in PASSAGES])
 
 
 def test_cross_encoder_exports_to_the_reranker_tensors(tiny_cross_encoder, repository, capfd):
@@ -50,6 +57,41 @@ def test_cross_encoder_exports_to_the_reranker_tensors(tiny_cross_encoder, repos
             ([e.ids for e in encodings], [e.attention_mask for e in encodings], [e.type_ids for e in encodings]))}).logits
     assert got.shape == (3, 1)
     np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+    assert record["activation"] == "torch.nn.modules.activation.Sigmoid"   # the config names none
+    activated = run(out, encodings, output=1)
+    np.testing.assert_allclose(activated, 1 / (1 + np.exp(-want.numpy())), atol=1e-6)
+    np.testing.assert_allclose(activated[:, 0], cross_encoder_predict(tiny_cross_encoder), atol=1e-6)
+
+
+def test_the_activation_a_cross_encoder_names_is_exported(tiny_cross_encoder, repository, tmp_path):
+    """ms-marco-MiniLM's config names Identity (sbert_ce_default_activation_function): its activated score
+    is the logit, as CrossEncoder.predict and vLLM answer it; newer configs name it under sentence_transformers."""
+    import json
+
+    for key, name in (("sbert_ce_default_activation_function", "torch.nn.modules.linear.Identity"),
+                      ("sentence_transformers", {"activation_fn": "torch.nn.modules.activation.Tanh"})):
+        folder = tmp_path / key
+        shutil.copytree(tiny_cross_encoder, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, key: name}))
+        record = export(folder, repository, "reranker", 4)
+        assert record["activation"] == (name if isinstance(name, str) else name["activation_fn"])
+        out = repository / "reranker" / "4"
+        encodings = Tokenizer.from_file(str(out / "tokenizer.json")).encode_batch([(QUERY, p) for p in PASSAGES])
+        logits = run(out, encodings)
+        np.testing.assert_allclose(run(out, encodings, output=1), logits if key.startswith("sbert") else
+                                   np.tanh(logits), atol=1e-6)
+
+
+def test_an_activation_outside_torch_nn_is_refused(tiny_cross_encoder, repository, tmp_path):
+    import json
+
+    folder = tmp_path / "evil"
+    shutil.copytree(tiny_cross_encoder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "sbert_ce_default_activation_function": "os.system"}))
+    with pytest.raises(ValueError, match="only classes of torch.nn.modules"):
+        export(folder, repository, "reranker", 5)
 
 
 def test_up_to_date_version_is_skipped(tiny_cross_encoder, repository, capfd):
@@ -70,7 +112,8 @@ def test_precision_variants_keep_the_tensors(tiny_cross_encoder, repository, pre
     session = ort.InferenceSession(str(repository / "reranker" / "3" / "model.onnx"))
     assert [(i.name, i.type) for i in session.get_inputs()] == [
         ("input_ids", "tensor(int64)"), ("attention_mask", "tensor(int64)"), ("token_type_ids", "tensor(int64)")]
-    assert [(o.name, o.type) for o in session.get_outputs()] == [("scores", "tensor(float)")]
+    assert [(o.name, o.type) for o in session.get_outputs()] == [("scores", "tensor(float)"),
+                                                                  ("activated_scores", "tensor(float)")]
 
 
 def test_graph_that_does_not_fit_the_config_is_refused(tiny_cross_encoder, tmp_path):
@@ -105,6 +148,8 @@ def test_default_reranker_is_the_embedder_cosine():
     embed_tok = Tokenizer.from_file(str(REPOSITORY / "embedder" / "1" / "tokenizer.json"))
     embeddings = run(REPOSITORY / "embedder" / "1", embed_tok.encode_batch([QUERY, *PASSAGES]))
     np.testing.assert_allclose(scores, embeddings[1:] @ embeddings[0], atol=1e-5)
+    activated = run(REPOSITORY / "reranker" / "1", tok.encode_batch([(QUERY, p) for p in PASSAGES]), output=1)
+    np.testing.assert_array_equal(activated[:, 0], scores)   # vLLM scores a bi-encoder by the cosine alone
 
 
 def test_bge_style_cls_pooling_embedder_matches_sentence_transformers(tmp_path):

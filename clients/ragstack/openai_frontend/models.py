@@ -5,7 +5,8 @@ tensors, so a model of one's own with the same tensors is served too.
   vLLM's tokenize and detokenize (endpoint "tokenize")
 - rag: `query` in, `text_output` and `sources` out (the `rag` ensemble): chat, with sources
 - embed: `text` in, `embedding` out (the `embed` ensemble): embeddings
-- rerank: `query` and `passages` in, `scores` out (the `rerank` ensemble): rerank and vLLM's score
+- rerank: `query` and `passages` in, `scores` out (the `rerank` ensemble; `activated_scores` too where the
+  model has it): rerank and vLLM's score
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Served:
     kind: str
     dimensions: int | None = None   # an embed model's
     inputs: frozenset[str] = frozenset()   # the inputs its config declares
+    outputs: frozenset[str] = frozenset()   # and its outputs
 
 
 def kind_of(config: dict) -> Served | None:
@@ -44,7 +46,7 @@ def kind_of(config: dict) -> Served | None:
     if inputs == {"text"} and "embedding" in outputs:
         return Served(name, "embed", int(outputs["embedding"]["dims"][-1]), frozenset(inputs))
     if inputs == {"query", "passages"} and "scores" in outputs:
-        return Served(name, "rerank", inputs=frozenset(inputs))
+        return Served(name, "rerank", inputs=frozenset(inputs), outputs=frozenset(outputs))
     return None
 
 

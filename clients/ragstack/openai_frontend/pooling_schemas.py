@@ -13,6 +13,7 @@ from pydantic import model_validator
 
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
+from ragstack.openai_frontend.models import Served
 from ragstack.openai_frontend.schemas import Strict, check_text, token_ids
 
 # vLLM's names of a score request's two sides: text_1 and text_2 in every version, the others in newer ones.
@@ -87,22 +88,27 @@ class EmbeddingRequest(Pooling):
 
 
 class Scored(Pooling):
-    """vLLM's rerank and score: the score is the rerank model's own (a cosine for the bundled pair-cosine, a
-    cross-encoder's raw logit), with no activation applied, and the frontend cannot tell over gRPC which kind of
-    version Triton serves; so asking for vLLM's activation (a sigmoid of a cross-encoder's logit) is refused
-    rather than answered with a logit where a probability is expected. False and null take the model's score."""
+    """vLLM's rerank and score. vLLM answers a cross-encoder's activated score unless `use_activation` is false
+    (a sigmoid of its logit, or the activation its config names), and an embedding model's cosine either way;
+    the rerank ensemble's `activated_scores` is that number, and its `scores` the model's own. A rerank model
+    of one's own without `activated_scores` answers its `scores`, and refuses an explicit true."""
     use_activation: bool | None = None
     activation: bool | None = None
     softmax: bool | None = None
 
-    @model_validator(mode="after")
-    def _no_activation(self) -> Scored:
-        for name in ACTIVATION:
-            if getattr(self, name):
-                raise APIError(400, f"{name}: true is not supported: the score is the rerank model's own and no "
-                                    "activation is applied to it here (a cross-encoder's raw logit stays a logit, "
-                                    "not vLLM's sigmoid of it); send false or leave it out", name)
-        return self
+    def score_output(self, served: Served) -> str:
+        """The model output that answers: vLLM's precedence, its current name before the two it replaced."""
+        name, asked = next(((n, getattr(self, n)) for n in ACTIVATION if getattr(self, n) is not None),
+                           ("use_activation", None))
+        if asked is False:
+            return "scores"
+        if "activated_scores" in served.outputs:
+            return "activated_scores"
+        if asked:
+            raise APIError(400, f"{name}: true is not supported by model '{served.name}': it has no "
+                                "activated_scores output, only its own scores (a reranker exported before "
+                                "activated_scores existed: export it again); send false or leave it out", name)
+        return "scores"
 
 
 class RerankRequest(Scored):

@@ -1,6 +1,7 @@
 """`POST /v1/rerank` (and `/rerank`, `/v2/rerank`), in the shape vLLM and the Jina and Cohere rerank APIs
 share: `query`, `documents` (strings or {"text"}), `top_n` (0 or null: all), `return_documents` in;
-`results` with `index`, `relevance_score` (the reranker's score, best first) and `document`, Cohere's
+`results` with `index`, `relevance_score` (the reranker's score, activated as vLLM's unless `use_activation`
+is false: pooling_schemas.Scored; best first) and `document`, Cohere's
 `meta` out. Documents go to a rerank model (the `rerank` ensemble) in batches of `rerank_batch`, each cut
 at the model's limit without a word, as Cohere and Jina do."""
 from __future__ import annotations
@@ -37,7 +38,8 @@ async def _rerank(request: Request, frontend: Frontend, version: str, documents:
     texts = body.texts(frontend.limits)
     pooling.check_texts([("query", body.query), *((f"documents[{i}]", text) for i, text in enumerate(texts))],
                         served.name, await pooling.max_text_bytes(frontend.triton, served.name))
-    scores, ran = await scored(request, frontend, served.name, [(body.query, texts)], PARAMS)
+    scores, ran = await scored(request, frontend, served.name, body.score_output(served), [(body.query, texts)],
+                               PARAMS)
     pooling.check_cut(ran, body.truncate_prompt_tokens, served.name, lambda i: f"documents[{i}] with the query",
                       must_ask=False)
     top_n = body.top_n if body.top_n and body.top_n > 0 else None   # vLLM's: 0 or less, every document
@@ -50,13 +52,14 @@ async def _rerank(request: Request, frontend: Frontend, version: str, documents:
                          "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
 
 
-async def scored(request: Request, frontend: Frontend, model: str, groups: list[tuple[str, list[str]]],
-                 params: dict[str, str]) -> tuple[np.ndarray, pooling.Ran]:
+async def scored(request: Request, frontend: Frontend, model: str, output: str,
+                 groups: list[tuple[str, list[str]]], params: dict[str, str]) -> tuple[np.ndarray, pooling.Ran]:
     """Each group's passages scored against its query by the rerank model, in batches of `rerank_batch`;
-    the scores in the groups' order. The batches in flight hold the process's rerank gate (Frontend): more
-    would only wait in the reranker's queue, which refuses requests past its max_queue_size (256)."""
+    its `output` (scores or activated_scores) in the groups' order. The batches in flight hold the process's
+    rerank gate (Frontend): more would only wait in the reranker's queue, which refuses requests past its
+    max_queue_size (256)."""
     size = frontend.limits.rerank_batch
     batches = [{"query": t.text(query), "passages": t.texts(passages[i:i + size])}
                for query, passages in groups for i in range(0, len(passages), size)]
     ran = await pooling.run(request, frontend.triton, model, batches, params, frontend.rerank_gate)
-    return np.concatenate([o["scores"].reshape(-1) for o in ran.outputs]), ran
+    return np.concatenate([o[output].reshape(-1) for o in ran.outputs]), ran

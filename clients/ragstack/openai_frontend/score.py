@@ -5,13 +5,11 @@ out, in `data` by the pair's index (not sorted, unlike rerank), with `usage` as 
 
 Each pair goes through the same rerank model and path as `/v1/rerank`, so its score is rerank's
 `relevance_score` for the same query and document (identical for the same query and document list; else up to
-float32 rounding, the model's batches being other sizes). The score is that model's own output: the cosine of the two
-texts' embeddings for the bundled reranker (version 1, pair-cosine; vLLM's score of an embedding model is that
-cosine too), a raw logit for a cross-encoder export, where vLLM by default gives its sigmoid (its `use_activation`
-null or true). No activation is applied here, and the frontend cannot tell which kind of version Triton serves,
-so `use_activation: true` (and vLLM's older `activation`, `softmax`) is refused rather than answered with a
-logit; false, or none, gets the model's score. A pair longer than the model reads is refused, as vLLM refuses it,
-unless `truncate_prompt_tokens` asks for the cut (pooling.check_cut)."""
+float32 rounding, the model's batches being other sizes): the cosine of the two texts' embeddings for the bundled
+reranker (version 1, pair-cosine; vLLM's score of an embedding model is that cosine too), and for a cross-encoder
+export the sigmoid of its logit (or the activation its config names), as vLLM answers, or with `use_activation:
+false` the logit itself (pooling_schemas.Scored). A pair longer than the model reads is refused, as vLLM refuses
+it, unless `truncate_prompt_tokens` asks for the cut (pooling.check_cut)."""
 from __future__ import annotations
 
 import time
@@ -44,7 +42,7 @@ async def score(request: Request, frontend: Frontend) -> JSONResponse:
     for i in range(len(second.texts)):
         groups.setdefault(first.texts[first_of[i]], []).append(i)
     order = [i for pairs in groups.values() for i in pairs]   # the pairs as the model scores them
-    scores, ran = await scored(request, frontend, served.name,
+    scores, ran = await scored(request, frontend, served.name, body.score_output(served),
                                [(query, [second.texts[i] for i in pairs]) for query, pairs in groups.items()],
                                {"query": first.field, "passages": second.field, "text": second.field})
     at = {i: k for k, i in enumerate(order)}
