@@ -142,10 +142,11 @@ def _template_kwargs(raw: bytes | None, messages: list[dict[str, Any]] | None) -
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: str,
-                  max_prompt_bytes: int) -> LLMRequest:
+                  max_prompt_bytes: int, empty_prompt: bool = False) -> LLMRequest:
     """`get(name)` returns the input tensor as numpy or None; `request_parameters` is the request's
     parameters JSON, where the HTTP generate endpoint puts its "parameters" object; a text_input or
-    messages larger than `max_prompt_bytes` is refused before tokenization."""
+    messages larger than `max_prompt_bytes` is refused before tokenization. An empty text_input is refused
+    unless `empty_prompt` (tokenize's: vLLM tokenizes "" to no tokens, or a BOS)."""
     raw_text = _scalar(get, "text_input", bytes)
     raw_messages = _scalar(get, "messages", bytes)
     token_ids = token_ids_of(get("prompt_token_ids"))
@@ -165,7 +166,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], request_parameters: s
     tools = _parse_chat(_utf8(raw_tools, "tools", max_prompt_bytes), "tools", parse_tools) \
         if raw_tools is not None else None
     template_kwargs = _template_kwargs(_scalar(get, "chat_template_kwargs", bytes), messages)
-    if prompt is not None and not prompt:
+    if prompt is not None and not prompt and not empty_prompt:
         raise InvalidRequest("input 'text_input' is empty")
 
     parameters = _json(request_parameters or "{}", "parameters")

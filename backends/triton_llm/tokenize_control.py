@@ -49,7 +49,7 @@ def tokenize(get: Callable[[str], np.ndarray | None], options: dict[str, bool], 
     if get("prompt_token_ids") is not None:
         raise InvalidRequest("input 'prompt_token_ids' is already tokenized: tokenize takes 'text_input' or "
                              "'messages'")
-    req = parse_request(get, "", max_prompt_bytes)
+    req = parse_request(get, "", max_prompt_bytes, empty_prompt=True)
     if req.messages is not None:
         try:
             text = tokenizer.apply_chat_template(req.messages, tools=req.tools, tokenize=False,

@@ -35,6 +35,13 @@ def test_a_prompt_counts_as_a_completion_counts_it(triton_server):
     assert post(triton_server, "/v1/tokenize", {"model": "llm", "prompt": TEXT}).json() == got
 
 
+def test_an_empty_prompt_is_no_tokens(triton_server):
+    """vLLM's answer for "": its special tokens alone (the demo tokenizer adds none; a BOS one: unit tests)."""
+    assert tokenize(triton_server, prompt="") == {"count": 0, "max_model_len": MAX_MODEL_LEN, "tokens": [],
+                                                  "token_strs": None}
+    assert tokenize(triton_server, prompt="", return_token_strs=True)["token_strs"] == []
+
+
 def test_messages_count_as_a_chat_counts_them(triton_server):
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
     for extra in ({}, {"add_generation_prompt": False}, {"tools": tools},

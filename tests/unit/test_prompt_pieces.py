@@ -3,13 +3,12 @@ tokens shown, also for a SentencePiece-style tokenizer that adds a BOS (Llama 2,
 keeps a word's leading space after `<s>`."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
 
+from bos_tokenizer import bos_metaspace_tokenizer
 from llm_engine.model.tokenizer import Tokenizer as LLMTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends" / "triton_llm"))
@@ -20,20 +19,7 @@ TEXTS = ["Hello world the cat sat on the mat", "The capital of France is Paris"]
 
 @pytest.fixture(scope="module")
 def bos_metaspace(tmp_path_factory) -> LLMTokenizer:
-    """A Llama-2-style tokenizer: "▁" for spaces and before the text, a `<s>` added, the decoder's Strip."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.train_from_iterator(TEXTS * 50, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                            initial_alphabet=["▁"]))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    folder = tmp_path_factory.mktemp("bos-metaspace")
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "clean_up_tokenization_spaces": False}))
-    return LLMTokenizer(folder)
+    return bos_metaspace_tokenizer(tmp_path_factory.mktemp("bos-metaspace"), TEXTS)
 
 
 def test_a_bos_is_its_own_text_and_the_first_word_keeps_no_space(bos_metaspace):

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends" / "trito
 from llm_request import InvalidRequest  # noqa: E402
 from tokenize_control import DETOKENIZE_KEY, TOKENIZE_KEY, answer  # noqa: E402
 
+from bos_tokenizer import bos_metaspace_tokenizer  # noqa: E402
 from ragstack.error_codes import code_from_message  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -59,6 +60,15 @@ def test_messages_are_rendered_as_a_generation_renders_them(tokenizer):
     assert bare["count"] < got["count"]
 
 
+def test_an_empty_prompt_is_its_special_tokens_alone(tokenizer, tmp_path):
+    """vLLM's tokenize of "": no tokens, or the BOS a tokenizer adds (this one adds none)."""
+    assert ask(tokenizer, {TOKENIZE_KEY: True}, text_input="") == {
+        "count": 0, "max_model_len": 2048, "tokens": [], "token_strs": None}
+    with_bos = bos_metaspace_tokenizer(tmp_path, ["Hello world the cat sat on the mat"])
+    assert ask(with_bos, {TOKENIZE_KEY: True}, text_input="")["tokens"] == [1]
+    assert ask(with_bos, {TOKENIZE_KEY: True, "add_special_tokens": False}, text_input="")["tokens"] == []
+
+
 def test_detokenize_decodes_with_special_tokens(tokenizer):
     ids = tokenizer.encode("Numbers: 0 1 2") + [tokenizer.eos_token_id]
     eos = tokenizer.hf_tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id)
@@ -71,7 +81,6 @@ def test_detokenize_decodes_with_special_tokens(tokenizer):
     ({TOKENIZE_KEY: True, "add_special_tokens": 1}, {"text_input": "x"}, "'add_special_tokens' is not an option"),
     ({TOKENIZE_KEY: True, "echo": True}, {"text_input": "x"}, "'echo' is not an option"),
     ({TOKENIZE_KEY: True}, {"prompt_token_ids": [1]}, "is already tokenized"),
-    ({TOKENIZE_KEY: True}, {"text_input": ""}, "input 'text_input' is empty"),
     ({TOKENIZE_KEY: True}, {"messages": json.dumps([{"role": "user", "content": "a"}, {"role": "assistant",
                                                    "content": "b"}]),
                           "chat_template_kwargs": json.dumps({"continue_final_message": True,
