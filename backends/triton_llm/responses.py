@@ -92,8 +92,8 @@ class ResponseBuilder:
         entries = []
         decoded: dict[int, dict] = {}  # a long prompt's top tokens repeat: each decoded once
         token_bytes = self.tokenizer.token_bytes
-        for token, piece, logprob, top in zip(ids, prompt_pieces(self.tokenizer, ids), out.prompt_logprobs,
-                                              out.prompt_top_logprobs):
+        pieces = prompt_pieces(self.tokenizer, ids, given_as_ids=self.req.prompt_token_ids is not None)
+        for token, piece, logprob, top in zip(ids, pieces, out.prompt_logprobs, out.prompt_top_logprobs):
             own = {"logprob": None, "rank": None, "decoded_token": piece, "bytes": token_bytes(token, skip)}
             if top is None:  # the first token: nothing before it to score it
                 entries.append({str(token): own})

@@ -32,3 +32,14 @@ def test_a_bos_is_its_own_text_and_the_first_word_keeps_no_space(bos_metaspace):
 def test_special_tokens_inside_the_prompt_are_shown(bos_metaspace):
     ids = bos_metaspace.encode("Hello world") + [2] + bos_metaspace.encode("the cat", add_special_tokens=False)
     assert "".join(prompt_pieces(bos_metaspace, ids)) == "<s>Hello world</s> the cat"   # "▁the": its space
+
+
+def test_a_prompt_of_token_ids_adds_up_to_its_decoded_text(bos_metaspace):
+    """The text vLLM echoes for a token-id prompt is tokenizer.decode(ids), special tokens kept: the pieces
+    add up to it, so the echoed tokens' text_offset follow it."""
+    for ids in (bos_metaspace.encode(TEXTS[0]),
+                bos_metaspace.encode("Hello world") + [2] + bos_metaspace.encode("the cat", add_special_tokens=False)):
+        pieces = prompt_pieces(bos_metaspace, ids, given_as_ids=True)
+        assert len(pieces) == len(ids) and "".join(pieces) == bos_metaspace.decode(ids, False)
+    pieces = prompt_pieces(bos_metaspace, bos_metaspace.encode(TEXTS[0]), given_as_ids=True)
+    assert pieces[0] == "<s>" and pieces[1].startswith(" Hello")
