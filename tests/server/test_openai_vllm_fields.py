@@ -194,6 +194,25 @@ def test_rag_takes_vllm_s_template_fields_at_their_defaults_and_names_any_other(
         assert refused.status_code == 400 and refused.json()["error"]["param"] == field
 
 
+def test_rag_names_a_blank_or_long_question_and_takes_a_text_response_format(triton_server):
+    ask = {"model": "rag", "max_tokens": 2}
+    for content, stream in (("   \n\t ", False), ("", True), ([{"type": "text", "text": " "}], False)):
+        messages = [{"role": "user", "content": "What is paged attention?"}, {"role": "assistant", "content": "x"},
+                    {"role": "user", "content": content}]
+        refused = post(triton_server, "/v1/chat/completions", {**ask, "messages": messages, "stream": stream})
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["param"] == "messages[2].content", error
+        assert "messages[2].content is blank" in error["message"]
+    long = post(triton_server, "/v1/chat/completions", {**ask, "messages": [{"role": "user", "content": "a " * 9000}]})
+    assert long.status_code == 400 and long.json()["error"]["param"] == "messages", long.text
+    text = post(triton_server, "/v1/chat/completions", {**ask, "response_format": {"type": "text"},
+                                                         "messages": [{"role": "user", "content": "What is FAISS?"}]})
+    assert text.status_code == 200, text.text
+    json_format = post(triton_server, "/v1/chat/completions", {**ask, "response_format": {"type": "json_object"},
+                                                                "messages": [{"role": "user", "content": "Hi"}]})
+    assert json_format.status_code == 400 and json_format.json()["error"]["param"] == "response_format"
+
+
 def test_nulls_for_fields_not_served_are_not_given(triton_server):
     body = {"model": "llm", "messages": HELLO, "max_tokens": 2, "reasoning_effort": None, "cache_salt": None,
             "chat_template": None, "mm_processor_kwargs": None}

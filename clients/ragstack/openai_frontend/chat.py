@@ -43,8 +43,8 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         asked, body.model_extra, body.response_format, tool_plan.constraint() if tool_plan else {},
         "tool_choice", tool_plan.strict_constraint() if tool_plan else {}, "tools")
     params = {**{key: key for key in (*SAMPLING_KEYS, *asked)}, "messages": "messages", "text_input": "messages",
-              "prompt": "messages", "query": "messages", "logprobs": "top_logprobs", "tools": "tools",
-              "chat_template_kwargs": "chat_template_kwargs",
+              "prompt": "messages", "query": "messages", "text": "messages", "logprobs": "top_logprobs",
+              "tools": "tools", "chat_template_kwargs": "chat_template_kwargs",
               "max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
               **{word: constrained_by for word in structured.PARAM_WORDS if constrained_by}}
     generation.check_sampling_size(sampling, asked, constrained_by)
@@ -54,14 +54,13 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
             if value:
                 raise APIError(400, f"{name} are not available from model '{served.name}' (rag returns text and "
                                     "sources)", name)
-        given = [name for name, value in (("tools", body.tools), ("response_format", body.response_format),
+        formatted = body.response_format if structured.response_format(body.response_format) else None  # text: none
+        given = [name for name, value in (("tools", body.tools), ("response_format", formatted),
                                           (constrained_by, constrained_by)) if value is not None]
         for name in given + body.template_fields():
             raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text and "
                                 "sources)", name)
-        query = next((m["content"] for m in reversed(messages) if m["role"] == "user"), None)
-        if query is None:
-            raise APIError(400, f"model '{served.name}' answers the last user message, and there is none", "messages")
+        query = _question(served.name, messages)
         requests = [generation.Request(served.name, generation.declared(generation.rag_inputs(query, s, body.stream),
                                                                       served), params, rag=True)
                     for s in generation.seeded(sampling, body.n)]
@@ -80,6 +79,18 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
     return JSONResponse(answer.whole(choices))
+
+
+def _question(model: str, messages: list[dict]) -> str:
+    """The last user message's text: what a rag model answers."""
+    at = next((i for i in reversed(range(len(messages))) if messages[i]["role"] == "user"), None)
+    if at is None:
+        raise APIError(400, f"model '{model}' answers the last user message, and there is none", "messages")
+    query = messages[at]["content"] or ""
+    if not query.strip():
+        raise APIError(400, f"messages[{at}].content is blank; model '{model}' answers it as the question, so it "
+                            "needs at least one non-blank character", f"messages[{at}].content")
+    return query
 
 
 class Answer:

@@ -58,11 +58,11 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
     if code == "UNKNOWN":
         code = code_from_message(message) or "UNKNOWN"
     status = _STATUS.get(code, 500)
+    step = _WRAPPER.sub("", message)   # what the model said, without the ensemble's and Triton's framing
     if status == 404:
         return APIError(404, message, "model", "model_not_found")
     if status != 400:
-        return APIError(status, message, code=code.lower())
-    step = _WRAPPER.sub("", message)   # what the model said, without the ensemble's and Triton's framing
+        return APIError(status, step, code=code.lower())
     context = _CONTEXT.search(step)
     if context:  # in OpenAI's words and code, which clients look for to shorten a conversation
         return APIError(400, f"This model's maximum context length is {context.group(1) or context.group(2)} "
