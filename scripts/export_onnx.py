@@ -32,12 +32,16 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, help="token limit (default: the model's own)")
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     args = parser.parse_args()
-    if args.defaults:
-        export_defaults(args.repository)
-    elif args.model_dir and args.name and args.version:
-        export(args.model_dir, args.repository, args.name, args.version, args.kind, args.precision, args.max_length)
-    else:
+    if not args.defaults and not (args.model_dir and args.name and args.version):
         parser.error("give --defaults, or MODEL_DIR with --name and --version")
+    try:
+        if args.defaults:
+            export_defaults(args.repository)
+        else:
+            export(args.model_dir, args.repository, args.name, args.version, args.kind, args.precision,
+                   args.max_length)
+    except ValueError as exc:   # the model folder's own settings refused, in words
+        raise SystemExit(f"export_onnx: {exc}") from None
 
 
 if __name__ == "__main__":

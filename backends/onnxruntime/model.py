@@ -51,10 +51,13 @@ class TritonPythonModel:
         self.outputs = [tensor["name"] for tensor in config["output"]]
         graph_inputs = {i.name for i in self.session.get_inputs()}
         graph_outputs = {o.name for o in self.session.get_outputs()}
-        if set(self.inputs) != graph_inputs or not set(self.outputs) <= graph_outputs:
+        missing = sorted(set(self.outputs) - graph_outputs)
+        if set(self.inputs) != graph_inputs or missing:
             raise pb_utils.TritonModelException(
                 f"{path}: graph inputs {sorted(graph_inputs)} / outputs {sorted(graph_outputs)} do not match "
-                f"config inputs {self.inputs} / outputs {self.outputs}")
+                f"config inputs {sorted(self.inputs)} / outputs {sorted(self.outputs)}"
+                + (f"; the graph lacks {missing}: a version exported by an older scripts/export_onnx.py, export "
+                   "it again" if missing else ""))
         self.batching = config.get("max_batch_size", 0) > 0
         self.limits = token_inputs.limits_of(self.session)
 

@@ -30,7 +30,10 @@ def answer(get: Callable[[str], np.ndarray | None], request_parameters: str, tok
     if control(request_parameters, TOKENIZE_KEY) is not None:
         return _json(tokenize(get, _options(request_parameters), tokenizer, max_model_len, max_prompt_bytes))
     if control(request_parameters, DETOKENIZE_KEY) is not None:
-        return _json({"prompt": detokenize(token_ids_of(get("prompt_token_ids")), tokenizer)})
+        ids = token_ids_of(get("prompt_token_ids"))
+        if ids is None:
+            raise InvalidRequest("input 'prompt_token_ids' is missing: detokenize decodes the token ids it holds")
+        return _json({"prompt": detokenize(ids, tokenizer)})
     return None
 
 

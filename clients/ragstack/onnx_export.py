@@ -67,8 +67,8 @@ def score_activation(model_dir: Path) -> str:
     reads it: the class the model's config.json names (`sentence_transformers.activation_fn`, or the older
     `sbert_ce_default_activation_function`; ms-marco-MiniLM names Identity), else a sigmoid."""
     config = json.loads((model_dir / "config.json").read_text())
-    named = (config.get("sentence_transformers") or {}).get("activation_fn") \
-        or config.get("sbert_ce_default_activation_function")
+    st = config.get("sentence_transformers") or {}
+    named = st["activation_fn"] if "activation_fn" in st else config.get("sbert_ce_default_activation_function")
     return named or "torch.nn.modules.activation.Sigmoid"
 
 
@@ -80,7 +80,11 @@ def activation_module(name: str):
     module, _, cls = name.rpartition(".")
     if not module.startswith("torch.nn.modules."):
         raise ValueError(f"score activation {name!r}: only classes of torch.nn.modules are loaded")
-    return getattr(importlib.import_module(module), cls)()
+    try:
+        return getattr(importlib.import_module(module), cls)()
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise ValueError(f"score activation {name!r} is not a torch.nn.modules class built without "
+                         f"arguments: {exc}") from None
 
 
 def max_length(model_dir: Path) -> int:
@@ -285,26 +289,32 @@ def export(model_dir: Path, repository: Path, name: str, version: int, kind: str
     tok = tokenizer_for(model_dir, limit)
     module, outputs = load_graph(model_dir, kind, tok)
     sample = check_batch(tok, kind)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out) as tmp:
-        fp32 = Path(tmp) / "fp32.onnx"
-        log(f"{name}/{version}: exporting to ONNX (opset {OPSET})")
-        # traced on a smaller batch, shorter rows than the check batch: the check covers the dynamic axes
-        export_fp32(module, outputs, check_batch(tok, kind, CHECK_TEXTS[:2]), fp32)
-        onnx_path = fp32
-        if precision != "fp32":
-            log(f"{name}/{version}: converting to {precision}")
-            onnx_path = Path(tmp) / f"{precision}.onnx"
-            make_variant(fp32, precision, onnx_path)
-        log(f"{name}/{version}: checking against PyTorch")
-        check, output_shapes = compare(onnx_path, module, outputs, sample, precision)
-        log(f"{name}/{version}: max abs diff {check.max_abs_diff:.2e} (<= {check.tolerance_max_abs_diff:g}), "
-            f"min cosine {check.min_cosine:.6f} (>= {check.tolerance_min_cosine:g})")
-        if not check.ok:
-            raise SystemExit(f"{name}/{version}: the {precision} graph is outside the tolerance; nothing written")
-        check_config(repository / name / "config.pbtxt", onnx_path, output_shapes)
-        record_input_limits(onnx_path, model_dir, limit)
-        os.replace(onnx_path, out / "model.onnx")
+    try:
+        with tempfile.TemporaryDirectory(dir=out) as tmp:
+            fp32 = Path(tmp) / "fp32.onnx"
+            log(f"{name}/{version}: exporting to ONNX (opset {OPSET})")
+            # traced on a smaller batch, shorter rows than the check batch: the check covers the dynamic axes
+            export_fp32(module, outputs, check_batch(tok, kind, CHECK_TEXTS[:2]), fp32)
+            onnx_path = fp32
+            if precision != "fp32":
+                log(f"{name}/{version}: converting to {precision}")
+                onnx_path = Path(tmp) / f"{precision}.onnx"
+                make_variant(fp32, precision, onnx_path)
+            log(f"{name}/{version}: checking against PyTorch")
+            check, output_shapes = compare(onnx_path, module, outputs, sample, precision)
+            log(f"{name}/{version}: max abs diff {check.max_abs_diff:.2e} (<= {check.tolerance_max_abs_diff:g}), "
+                f"min cosine {check.min_cosine:.6f} (>= {check.tolerance_min_cosine:g})")
+            if not check.ok:
+                raise SystemExit(f"{name}/{version}: the {precision} graph is outside the tolerance; nothing written")
+            check_config(repository / name / "config.pbtxt", onnx_path, output_shapes)
+            record_input_limits(onnx_path, model_dir, limit)
+            os.replace(onnx_path, out / "model.onnx")
+    except BaseException:
+        if created and not any(out.iterdir()):   # an empty version folder would be a version Triton fails to load
+            out.rmdir()
+        raise
     for file in TOKENIZER_FILES[1:]:
         if (model_dir / file).exists():
             shutil.copy2(model_dir / file, out / file)

@@ -83,15 +83,31 @@ def test_the_activation_a_cross_encoder_names_is_exported(tiny_cross_encoder, re
                                    np.tanh(logits), atol=1e-6)
 
 
-def test_an_activation_outside_torch_nn_is_refused(tiny_cross_encoder, repository, tmp_path):
+@pytest.mark.parametrize("name, words", [("os.system", "only classes of torch.nn.modules"),
+                                         ("torch.nn.modules.activation.Sigmoidd", "is not a torch.nn.modules class")])
+def test_an_activation_outside_torch_nn_is_refused(tiny_cross_encoder, repository, tmp_path, name, words):
     import json
 
     folder = tmp_path / "evil"
     shutil.copytree(tiny_cross_encoder, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "sbert_ce_default_activation_function": "os.system"}))
-    with pytest.raises(ValueError, match="only classes of torch.nn.modules"):
+    (folder / "config.json").write_text(json.dumps({**config, "sbert_ce_default_activation_function": name}))
+    with pytest.raises(ValueError, match=words):
         export(folder, repository, "reranker", 5)
+    assert not (repository / "reranker" / "5").exists()
+
+
+def test_a_null_activation_of_sentence_transformers_is_the_default_sigmoid(tiny_cross_encoder, tmp_path):
+    """As vLLM and sentence-transformers read it: the key given as null wins over the older key."""
+    import json
+
+    from ragstack.onnx_export import score_activation
+
+    config = json.loads((tiny_cross_encoder / "config.json").read_text())
+    identity = "torch.nn.modules.linear.Identity"
+    (tmp_path / "config.json").write_text(json.dumps({**config, "sentence_transformers": {"activation_fn": None},
+                                                      "sbert_ce_default_activation_function": identity}))
+    assert score_activation(tmp_path) == "torch.nn.modules.activation.Sigmoid"
 
 
 def test_up_to_date_version_is_skipped(tiny_cross_encoder, repository, capfd):
@@ -121,7 +137,7 @@ def test_graph_that_does_not_fit_the_config_is_refused(tiny_cross_encoder, tmp_p
     shutil.copy(REPOSITORY / "embedder" / "config.pbtxt", tmp_path / "embedder" / "config.pbtxt")
     with pytest.raises(SystemExit, match="differ from"):
         export(tiny_cross_encoder, tmp_path, "embedder", 1)
-    assert not (tmp_path / "embedder" / "1" / "model.onnx").exists()
+    assert not (tmp_path / "embedder" / "1").exists()   # no empty version folder for Triton to fail on
 
 
 def test_default_embedder_matches_sentence_transformers():

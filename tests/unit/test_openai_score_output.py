@@ -20,7 +20,9 @@ def asked(**fields) -> RerankRequest:
 @pytest.mark.parametrize("fields, output", [
     ({}, "activated_scores"), ({"use_activation": True}, "activated_scores"),
     ({"use_activation": False}, "scores"), ({"activation": False}, "scores"), ({"softmax": False}, "scores"),
-    ({"use_activation": True, "activation": False}, "activated_scores"),   # vLLM's name first
+    ({"use_activation": True, "activation": False}, "scores"),   # vLLM's order: the older names win
+    ({"use_activation": False, "activation": True}, "activated_scores"),
+    ({"activation": True, "softmax": False}, "scores"),
     ({"use_activation": None, "softmax": False}, "scores"),
 ])
 def test_the_activated_score_unless_asked_not_to(fields, output):

@@ -81,6 +81,7 @@ def test_detokenize_decodes_with_special_tokens(tokenizer):
     ({TOKENIZE_KEY: True, "add_special_tokens": 1}, {"text_input": "x"}, "'add_special_tokens' is not an option"),
     ({TOKENIZE_KEY: True, "echo": True}, {"text_input": "x"}, "'echo' is not an option"),
     ({TOKENIZE_KEY: True}, {"prompt_token_ids": [1]}, "is already tokenized"),
+    ({DETOKENIZE_KEY: True}, {"text_input": "x"}, "input 'prompt_token_ids' is missing"),
     ({TOKENIZE_KEY: True}, {"messages": json.dumps([{"role": "user", "content": "a"}, {"role": "assistant",
                                                    "content": "b"}]),
                           "chat_template_kwargs": json.dumps({"continue_final_message": True,

@@ -19,7 +19,7 @@ from ragstack.openai_frontend.schemas import Strict, check_text, token_ids
 # vLLM's names of a score request's two sides: text_1 and text_2 in every version, the others in newer ones.
 SCORE_SIDES = (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items"))
 SCORE_FIELDS = tuple(dict.fromkeys(name for pair in SCORE_SIDES for name in pair))
-ACTIVATION = ("use_activation", "activation", "softmax")   # vLLM's name, and the two it replaced
+ACTIVATION = ("softmax", "activation", "use_activation")   # vLLM's order: the names it replaced win
 IDS_HINT = ("token ids are not supported (LangChain's OpenAIEmbeddings sends tiktoken ids: pass "
             "check_embedding_ctx_length=False)")
 
@@ -97,7 +97,8 @@ class Scored(Pooling):
     softmax: bool | None = None
 
     def score_output(self, served: Served) -> str:
-        """The model output that answers: vLLM's precedence, its current name before the two it replaced."""
+        """The model output that answers; of the three names, vLLM's precedence: the first given of softmax,
+        activation, use_activation (the older names win)."""
         name, asked = next(((n, getattr(self, n)) for n in ACTIVATION if getattr(self, n) is not None),
                            ("use_activation", None))
         if asked is False:
