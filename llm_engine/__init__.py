@@ -28,6 +28,7 @@ _EXPORTS = {
     "EngineDeadError": "llm_engine.errors",
     "EngineStartError": "llm_engine.errors",
     "RequestFailedError": "llm_engine.errors",
+    "RequestRefusedError": "llm_engine.errors",
 }
 __all__ = list(_EXPORTS)
 

@@ -30,3 +30,16 @@ class RequestFailedError(RuntimeError):
         super().__init__(f"request {request_id!r} failed: {error}")
         self.request_id = request_id
         self.error = error
+
+
+class RequestRefusedError(RequestFailedError, ValueError):
+    """A request that failed mid-way for its own input (a constraint with no way on): INVALID_ARG, as a
+    refusal at admission is (a ValueError), and in its words, without "request ... failed" (an engine fault's)."""
+
+    def __init__(self, request_id: str, error: str) -> None:
+        super().__init__(request_id, error)
+        self.args = (error,)
+
+    @staticmethod
+    def of(request_id: str, error: str, is_input: bool) -> RequestFailedError:
+        return (RequestRefusedError if is_input else RequestFailedError)(request_id, error)

@@ -37,6 +37,7 @@ class RequestDelta:
     # vLLM's stop_reason, with finish_reason "stop": the stop string or stop_token_ids id that ended the
     # output; None for the eos (and while running, and for every other finish_reason)
     stop_reason: int | str | None = None
+    error_is_input: bool = False      # the error is the request's own (a constraint with no way on)
 
     @property
     def finished(self) -> bool:
@@ -51,7 +52,7 @@ class RequestDelta:
         return RequestDelta(self.request_id, earlier.text + self.text, earlier.token_ids + self.token_ids, logprobs,
                             top, earlier.token_times + self.token_times, self.finish_reason, self.error,
                             self.first_scheduled_time, self.finished_time, self.num_cached_tokens,
-                            first.prompt_logprobs, first.prompt_top_logprobs, self.stop_reason)
+                            first.prompt_logprobs, first.prompt_top_logprobs, self.stop_reason, self.error_is_input)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class RequestOutput:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[TopLogprobs | None] | None = None
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it (RequestDelta's)
+    error_is_input: bool = False  # RequestDelta's
 
     @property
     def finished(self) -> bool:

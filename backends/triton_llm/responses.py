@@ -22,6 +22,13 @@ from llm_request import LLMRequest
 from prompt_pieces import prompt_pieces
 from stop_reason import stop_reason_json
 
+# vLLM's OpenAI server's floor: a token a constraint masked has logprob -inf, which JSON cannot hold.
+LOGPROB_FLOOR = -9999.0
+
+
+def finite(logprob: float | None) -> float | None:
+    return logprob if logprob is None or logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
 
 class ResponseBuilder:
     def __init__(self, req: LLMRequest, tokenizer) -> None:
@@ -76,9 +83,9 @@ class ResponseBuilder:
             last = final and i == len(tokens) - 1
             self._pieces.add_token(token, check_stop=False, last=last)
             piece = self._pieces.emit(finished=last)
-            entry = {str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": decode([t], skip),
+            entry = {str(t): {"logprob": finite(lp), "rank": rank + 1, "decoded_token": decode([t], skip),
                               "bytes": token_bytes(t, skip)} for rank, (t, lp) in enumerate(top.top.items())}
-            entry[str(token)] = {"logprob": logprob, "rank": top.rank, "decoded_token": piece,
+            entry[str(token)] = {"logprob": finite(logprob), "rank": top.rank, "decoded_token": piece,
                                  "bytes": token_bytes(token, skip), "sampled": True}
             entries.append(entry)
         return json.dumps(entries).encode()
@@ -101,8 +108,8 @@ class ResponseBuilder:
             for t in top.top:
                 if t not in decoded:
                     decoded[t] = {"decoded_token": self.tokenizer.decode([t], skip), "bytes": token_bytes(t, skip)}
-            entry = {str(t): {"logprob": lp, "rank": rank + 1, **decoded[t]}
+            entry = {str(t): {"logprob": finite(lp), "rank": rank + 1, **decoded[t]}
                      for rank, (t, lp) in enumerate(top.top.items()) if t != token}
-            entry[str(token)] = {**own, "logprob": logprob, "rank": top.rank}
+            entry[str(token)] = {**own, "logprob": finite(logprob), "rank": top.rank}
             entries.append(entry)
         return json.dumps(entries).encode()

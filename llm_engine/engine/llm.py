@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from llm_engine.config import EngineConfig
 from llm_engine.engine.llm_engine import LLMEngine
-from llm_engine.errors import EngineOverloadedError, RequestFailedError
+from llm_engine.errors import EngineOverloadedError, RequestRefusedError
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
 
@@ -66,7 +66,7 @@ class LLM:
                         pending.popleft()
                     for out in engine.step():
                         if out.error is not None:
-                            raise RequestFailedError(out.request_id, out.error)
+                            raise RequestRefusedError.of(out.request_id, out.error, out.error_is_input)
                         if out.finished:
                             results[out.request_id] = out
                             bar.update(1)

@@ -66,6 +66,7 @@ class RequestState:
     num_deferred: int = 0
     grammar: RequestGrammar | None = None  # structured output: where the output is in its grammar
     failure: str | None = None  # why it ended with finish_reason "error", when the step itself did not fail
+    failure_is_input: bool = False  # the failure is the request's own input (RequestRefusedError)
 
 
 @dataclass(eq=False)
@@ -311,8 +312,12 @@ class LLMEngine:
     def _follow_grammar(self, req: RequestState) -> None:
         """The sampled token advances the request's grammar; a complete grammar ends the sequence."""
         seq = req.seq
-        if not req.grammar.accept(seq.token_ids[-1]):  # the mask allowed it: a bug, not the request's
-            req.failure = f"structured output: the grammar refused the sampled token {seq.token_ids[-1]}"
+        if not req.grammar.accept(seq.token_ids[-1]):
+            # Every sampled token is one the mask allowed, unless it allowed none (the sampler then takes any):
+            # the constraint has no way on from here, as `root ::= root` or a schema that is only `{"$ref": "#"}`.
+            req.failure = (f"structured output: the constraint allows no token after {len(seq.output_token_ids) - 1} "
+                           "generated, so no output can satisfy it; check the schema, grammar or regex")
+            req.failure_is_input = True
             self.scheduler.finish(seq, "error")
         elif req.grammar.terminated and not seq.is_finished:
             self.scheduler.finish(seq, "stop")
@@ -368,6 +373,7 @@ class LLMEngine:
 
     def _delta(self, req: RequestState, error: str | None = None) -> RequestDelta:
         seq, stats = req.seq, req.stats
+        error_is_input = error is None and req.failure_is_input
         error = error or req.failure
         self._detokenize_deferred(req)  # an abort or failure ends it mid-way
         finished = seq.is_finished
@@ -388,7 +394,7 @@ class LLMEngine:
         return RequestDelta(req.request_id, text, out_ids[sent:], logprobs, top, stats.token_times[sent:],
                             seq.finish_reason if finished else None, error, stats.first_scheduled_time,
                             stats.finished_time, seq.num_cached_tokens, prompt, prompt_top,
-                            seq.stop_reason)
+                            seq.stop_reason, error_is_input)
 
     def _assemble(self, deltas: list[RequestDelta]) -> list[RequestOutput]:
         outputs = []

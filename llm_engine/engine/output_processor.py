@@ -43,4 +43,5 @@ class OutputAssembler:
             stats=stats, error=delta.error,
             top_logprobs=None if delta.top_logprobs is None else list(self.top_logprobs),
             delta_top_logprobs=delta.top_logprobs, prompt_logprobs=self.prompt_logprobs,
-            prompt_top_logprobs=self.prompt_top_logprobs, stop_reason=delta.stop_reason)
+            prompt_top_logprobs=self.prompt_top_logprobs, stop_reason=delta.stop_reason,
+            error_is_input=delta.error_is_input)

@@ -11,7 +11,7 @@ from typing import AsyncIterator, Callable
 
 from llm_engine.engine.input_processor import EngineRequest
 from llm_engine.engine.output_processor import OutputAssembler
-from llm_engine.errors import RequestFailedError
+from llm_engine.errors import RequestRefusedError
 from llm_engine.outputs import RequestDelta, RequestOutput
 
 
@@ -87,7 +87,7 @@ class OutputStreams:
                 done = item.finished
                 out = assembler.apply(item)
                 if out.error is not None:
-                    raise RequestFailedError(request.request_id, out.error)
+                    raise RequestRefusedError.of(request.request_id, out.error, out.error_is_input)
                 yield out
         finally:
             if not done:  # the consumer left early: free the request's resources

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (a fixture)
 
-from llm_engine import LLM, RequestFailedError, SamplingParams
+from llm_engine import LLM, RequestFailedError, RequestRefusedError, SamplingParams
 from llm_engine.engine.async_engine import AsyncLLMEngine
 from llm_engine.engine.structured_output import GrammarCompiler
 from llm_engine.sampling_params import StructuredOutputs
@@ -207,6 +207,16 @@ def test_a_constraint_that_does_not_compile_fails_its_request_alone(llm, spec, m
     assert outs["bad"].finish_reason == "error" and message in outs["bad"].error
     assert outs["bad"].error.startswith("ValueError: structured output:")
     assert outs["good"].finish_reason == "length"
+
+
+@pytest.mark.parametrize("spec", [{"grammar": "root ::= root"}, {"json": {"$ref": "#"}}, {"regex": "[^\\s\\S]"}])
+def test_a_constraint_with_no_way_on_fails_as_the_requests_own_input(llm, spec):
+    """A constraint that compiles but allows no token: its request fails as one refused (a ValueError, which
+    the llm answers INVALID_ARG), not as an engine fault."""
+    with pytest.raises(RequestRefusedError) as info:
+        sampled(llm, spec, n=1, max_tokens=8)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value).startswith("structured output: the constraint allows no token after 0 generated")
 
 
 @pytest.mark.parametrize("spec, message", [

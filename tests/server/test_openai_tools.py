@@ -248,7 +248,8 @@ BAD = [
      "response_format and tool_choice both constrain the output"),
     ({"tools": TOOLS, "tool_choice": "required", "extra_body": {"guided_choice": ["a"]}}, "tool_choice",
      "tool_choice and guided_choice both constrain the output"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}],
       "tool_choice": "required"}, "tool_choice", 'Unsupported type "nonsense"'),
     ({"tools": [*TOOLS, {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"p": {"$ref": "#p"}, "q": {"$anchor": "p", "type": "integer"}}}}}],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import logging
 import sys
 
 from fastapi import FastAPI
@@ -19,16 +18,16 @@ from ragstack.openai_frontend.chat import chat_completions
 from ragstack.openai_frontend.completions import completions
 from ragstack.openai_frontend.disconnect import CLIENT_GONE, ClientGone
 from ragstack.openai_frontend.embeddings import embeddings
-from ragstack.openai_frontend.errors import APIError, internal, model_not_found
+from ragstack.openai_frontend.errors import APIError, model_not_found
 from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.guard import Guard
+from ragstack.openai_frontend.internal_errors import InternalErrors
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.openai_frontend.rerank import rerank, rerank_v2
 from ragstack.openai_frontend.score import score
 from ragstack.openai_frontend.tokenization import detokenize, tokenize
 from ragstack.openai_frontend.triton import Triton
 
-log = logging.getLogger("ragstack.openai_frontend")
 
 
 def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None, key: str | None) -> FastAPI:
@@ -42,6 +41,7 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
 
     app = FastAPI(title="ragstack OpenAI-compatible API", lifespan=lifespan, openapi_url=None, docs_url=None,
                   redoc_url=None)
+    app.add_middleware(InternalErrors)   # innermost: the guard and the metrics see its 500s
     app.add_middleware(Guard, max_inflight=limits.max_inflight, api_key=api_key)
     app.add_middleware(metrics.Metrics)   # it sees the guard's refusals too
     if limits.origins():   # outermost: a browser's preflight carries no key, and every answer needs the headers
@@ -50,7 +50,6 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     for gone in (ClientGone, ClientDisconnect):   # before its answer; or while it sent its body
         app.add_exception_handler(gone, lambda _request, _exc: Response(status_code=CLIENT_GONE))
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _internal_error)
 
     def route(path: str, handler, methods=("POST",)) -> None:
         async def endpoint(request: Request) -> Response:
@@ -134,7 +133,3 @@ def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
                405: f"{request.url.path} does not take {request.method}"}.get(exc.status_code, str(exc.detail))
     return APIError(exc.status_code, message[:300], code="not_found" if exc.status_code == 404 else None).response()
 
-
-def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("failed: %s %s", request.method, request.url.path)
-    return internal(exc).response()

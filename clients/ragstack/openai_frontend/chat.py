@@ -119,7 +119,7 @@ class Answer:
                 message["content"] = content if content or not calls else None
                 if calls:
                     message["tool_calls"] = calls
-                    reason = _finish_reason(reason)
+                    reason = _finish_reason(reason, choice.stop_reason, self.tool_plan)
             if choice.sources is not None:
                 message["sources"] = choice.sources
             out.append({"index": index, "message": message,
@@ -152,7 +152,7 @@ class Answer:
                 read.add(reader.finish())
             text, calls = read.content, read.tool_calls
             if reason is not None and reader.calls:
-                reason = _finish_reason(reason)
+                reason = _finish_reason(reason, piece.stop_reason, self.tool_plan)
         if text:
             delta["content"] = text
         if calls:
@@ -175,6 +175,9 @@ class Answer:
         return chunk
 
 
-def _finish_reason(reason: str | None) -> str | None:
-    """A choice that called tools ends with `tool_calls`; one cut at max_tokens keeps `length`."""
-    return "tool_calls" if reason == "stop" else reason
+def _finish_reason(reason: str | None, stop_reason: int | str | None, plan: ToolPlan) -> str | None:
+    """A choice that called tools ends with `tool_calls`. One cut at max_tokens keeps `length`, and a required
+    or named call that a stop string or stop token cut keeps `stop`: that call is not whole (auto's reader
+    takes whole calls only)."""
+    cut = stop_reason is not None and plan.choice in ("required", "function")
+    return "tool_calls" if reason == "stop" and not cut else reason

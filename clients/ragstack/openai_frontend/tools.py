@@ -121,6 +121,10 @@ def _tool(tool: Any, at: str) -> dict:
                             ("strict", bool, "a boolean")):
         if function.get(key) is not None and not isinstance(function[key], kind):
             raise APIError(400, f"{at}.function.{key} must be {what}", f"{at}.function.{key}")
+    kind = (function.get("parameters") or {}).get("type", "object")
+    if kind != "object":   # a call's arguments are an object (OpenAI refuses other roots too)
+        raise APIError(400, f"{at}.function.parameters must be a JSON schema of type \"object\", got type "
+                            f"{str(kind)[:40]!r}", f"{at}.function.parameters")
     return {key: value for key, value in function.items() if value is not None}
 
 
@@ -152,7 +156,7 @@ def tool_calls_message(message: Any, at: str) -> list[dict]:
         if not isinstance(function, dict) or call.get("type", "function") != "function" \
                 or not isinstance(function.get("name"), str) or not function["name"]:
             raise APIError(400, f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
-                                "\"arguments\"}}}}", where)
+                                "\"arguments\"}}", where)
         arguments = function.get("arguments", "{}")
         if isinstance(arguments, str):
             try:
