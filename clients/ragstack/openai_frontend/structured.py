@@ -2,10 +2,12 @@
 `{"type": "json_object"}` any JSON object, `{"type": "json_schema", "json_schema": {"name", "schema",
 "strict", "description"}}` JSON following the schema (always enforced: `strict` false does not loosen it).
 vLLM's own keys (`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structural_tag`,
-`structured_outputs`) pass through to the llm as they are; given with `response_format` (or a constraining
-`tool_choice`) they are refused naming both; they take precedence over the soft constraint of strict tools
-under `auto` (tool_grammar.py). A constraint the grammar compiler refuses comes back from the llm as 400 with
-its message, `param` naming the field it came from (`PARAM_WORDS`).
+`structured_outputs`) pass through to the llm, an object or list among them (`guided_json`, `structural_tag`,
+`structured_outputs`' `json` and `structural_tag`) as its JSON text, which the llm takes for each; a
+`guided_json` schema (object or text) is checked as response_format's is (tool_schema.checked). Given with
+`response_format` (or a constraining `tool_choice`) they are refused naming both; they take precedence over
+the soft constraint of strict tools under `auto` (tool_grammar.py). A constraint the grammar compiler refuses
+comes back from the llm as 400 with its message, `param` naming the field it came from (`PARAM_WORDS`).
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ def response_format(value: Any) -> dict[str, Any]:
         raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
                        "response_format.json_schema.schema")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-        raise APIError(400, "response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict")
+        raise APIError(400, "response_format.json_schema.strict must be a boolean",
+                       "response_format.json_schema.strict")
     if spec.get("description") is not None and not isinstance(spec["description"], str):
         raise APIError(400, "response_format.json_schema.description must be a string",
                        "response_format.json_schema.description")
@@ -96,6 +99,51 @@ def constrained(body_sampling: dict[str, Any], extra: dict[str, Any] | None, res
                        sources[0][0])
     if sources:
         return {**body_sampling, **sources[0][1]}, sources[0][0]
-    if soft and not given:
+    if given:
+        try:
+            value = _guided(given[0], extra[given[0]])
+        except RecursionError:   # a text nests as deep as it likes: max_json_depth sees a string
+            raise APIError(400, f"{given[0]} nests too deep to compile", given[0]) from None
+        return {**body_sampling, given[0]: value}, given[0]
+    if soft:
         return {**body_sampling, **soft}, soft_param
-    return body_sampling, given[0] if given else None
+    return body_sampling, None
+
+
+def _guided(key: str, value: Any) -> Any:
+    """A guided key's value for the llm: its schema checked, its objects and lists as JSON text (a
+    structured_outputs text goes as it came)."""
+    if key == "guided_json":
+        return _schema("guided_json", value)
+    if key == "structural_tag":
+        return _text(value)
+    if key != "structured_outputs":
+        return value
+    outputs = _parsed(value)
+    if not isinstance(outputs, dict):
+        return value   # the llm refuses it
+    texts = {"json": _schema("structured_outputs.json", outputs["json"])} if "json" in outputs else {}
+    if "structural_tag" in outputs:
+        texts["structural_tag"] = _text(outputs["structural_tag"])
+    return value if isinstance(value, str) else {**outputs, **texts}
+
+
+def _schema(at: str, value: Any) -> Any:
+    """A JSON schema (an object or its text) checked, as text; a text that does not parse is the llm's to refuse."""
+    schema = _parsed(value)
+    if isinstance(schema, dict):
+        tool_schema.checked(schema, at)
+    return _text(value)
+
+
+def _parsed(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
+def _text(value: Any) -> Any:
+    return schema_text(value) if isinstance(value, (dict, list)) else value
