@@ -1,7 +1,7 @@
 """Constrained output at its edges, through the session server's frontend (raw HTTP, so non-standard JSON would
 show): logprobs of tokens a constraint masks are vLLM's floor, not -Infinity; a constraint with no way on is a
 400 naming its field, not a 500; a tool whose parameters are not an object schema is refused up front; a
-required call that a stop string cut ends with `stop`, not `tool_calls`."""
+required call that a stop string cut ends with `stop`, not `tool_calls`; `guided_choice` is a list, as vLLM's."""
 from __future__ import annotations
 
 import json
@@ -96,3 +96,11 @@ def test_a_required_call_cut_by_a_stop_string_ends_with_stop(triton_server, stre
     assert reasons == ["stop"] and stops == ['"parameters"']
     whole = post(triton_server, "/v1/chat/completions", {**body, "stop": None, "stream": False}).json()
     assert whole["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_guided_choice_must_be_a_list(triton_server):
+    answer = post(triton_server, "/v1/chat/completions",
+                  {"model": "llm", "messages": ASK, "max_tokens": 4, "guided_choice": "yes"})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == "guided_choice"
+    assert error["message"] == "guided_choice must be a list of strings, got str"

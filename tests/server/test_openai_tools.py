@@ -162,11 +162,11 @@ def test_a_named_function_is_the_one_called(client):
     [whole] = client.chat.completions.create(model="llm", messages=ASK, tools=TOOLS, tool_choice=choice, seed=1,
                                              **SAMPLED).choices
     [call] = whole_calls(whole.message)
-    assert call["name"] == "add" and whole.finish_reason == "tool_calls" and whole.message.content is None
+    assert call["name"] == "add" and whole.finish_reason == "stop" and whole.message.content is None   # OpenAI's
     check_calls([call], {"add"})
     content, calls, reason, chunks = streamed(client.chat.completions.create(
         model="llm", messages=ASK, tools=TOOLS, tool_choice=choice, seed=2, stream=True, **SAMPLED))
-    assert [c["name"] for c in calls] == ["add"] and reason == "tool_calls" and content is None
+    assert [c["name"] for c in calls] == ["add"] and reason == "stop" and content is None
     check_calls(calls, {"add"})
     assert sum(1 for c in chunks for call in c.choices[0].delta.tool_calls or [] if call.function.arguments) > 1
 

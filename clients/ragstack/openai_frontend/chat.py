@@ -176,8 +176,8 @@ class Answer:
 
 
 def _finish_reason(reason: str | None, stop_reason: int | str | None, plan: ToolPlan) -> str | None:
-    """A choice that called tools ends with `tool_calls`. One cut at max_tokens keeps `length`, and a required
-    or named call that a stop string or stop token cut keeps `stop`: that call is not whole (auto's reader
-    takes whole calls only)."""
-    cut = stop_reason is not None and plan.choice in ("required", "function")
-    return "tool_calls" if reason == "stop" and not cut else reason
+    """A choice that called tools ends with `tool_calls`, except a named function's, which keeps `stop` as in
+    OpenAI's and vLLM's answers. One cut at max_tokens keeps `length`, and a required call that a stop string
+    or stop token cut keeps `stop`: that call is not whole (auto's reader takes whole calls only)."""
+    cut = stop_reason is not None and plan.choice == "required"
+    return "tool_calls" if reason == "stop" and not cut and plan.choice != "function" else reason

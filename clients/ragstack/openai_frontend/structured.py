@@ -113,6 +113,8 @@ def constrained(body_sampling: dict[str, Any], extra: dict[str, Any] | None, res
 def _guided(key: str, value: Any) -> Any:
     """A guided key's value for the llm: its schema checked, its objects and lists as JSON text (a
     structured_outputs text goes as it came)."""
+    if key == "guided_choice" and not isinstance(value, list):   # vLLM's: a list (the llm would take one string)
+        raise APIError(400, f"guided_choice must be a list of strings, got {type(value).__name__}", "guided_choice")
     if key == "guided_json":
         return _schema("guided_json", value)
     if key == "structural_tag":
