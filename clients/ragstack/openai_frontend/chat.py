@@ -54,9 +54,8 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
             if value:
                 raise APIError(400, f"{name} are not available from model '{served.name}' (rag returns text and "
                                     "sources)", name)
-        formatted = body.response_format if structured.response_format(body.response_format) else None  # text: none
-        given = [name for name, value in (("tools", body.tools), ("response_format", formatted),
-                                          (constrained_by, constrained_by)) if value is not None]
+        # A constraining response_format is constrained_by; {"type": "text"} (OpenAI's default) constrains nothing.
+        given = [name for name, value in (("tools", body.tools), (constrained_by, constrained_by)) if value is not None]
         for name in given + body.template_fields():
             raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text and "
                                 "sources)", name)

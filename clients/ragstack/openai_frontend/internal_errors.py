@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragstack.openai_frontend.errors import internal
@@ -37,5 +36,5 @@ class InternalErrors:
         except Exception as exc:  # noqa: BLE001 - the frontend's own fault, answered as a 500
             if started:
                 raise
-            log.exception("failed: %s %s", scope.get("method"), Request(scope).url.path)
+            log.exception("failed: %s %s", scope.get("method"), scope.get("path"))
             await internal(exc).response()(scope, receive, send)
