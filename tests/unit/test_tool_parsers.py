@@ -118,6 +118,23 @@ def test_hermes_arguments_as_json_text_and_text_after_calls():
     assert parsed(calls) == [("f", {"x": 1})] and content == "Done."
 
 
+CALL_F = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, content", [
+    (f"Sure.{CALL_F}done", "Sure. done"),                      # no whitespace around the call: a space
+    (f"Sure. {CALL_F}done", "Sure. done"),                     # the whitespace before it
+    (f"Sure.\n{CALL_F}\n\nDone.", "Sure.\n\nDone."),           # the whitespace after it
+    (f"Sure.\n{CALL_F}\n{CALL_F}  Done. ", "Sure.  Done."),      # two calls: one gap
+    (f"{CALL_F}\nDone.", "Done."),                              # nothing before: no gap
+    (f"Sure.\n{CALL_F}\n", "Sure."),                            # nothing after: no gap
+])
+def test_hermes_content_on_both_sides_of_a_call_stays_apart(text, content):
+    for size in (1, 4, len(text)):
+        found_content, calls, _ = streamed(Hermes(), split(text, size))
+        assert found_content == content and len(calls) == text.count("<tool_call>")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_parallel_false_keeps_the_first_call(family):
     content, calls, _ = streamed(AUTO[family](parallel=False), split(FAMILIES[family], 7))

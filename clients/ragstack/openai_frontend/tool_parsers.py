@@ -19,7 +19,8 @@ Readers:
   Text that does not parse as a call stays content.
 - `Plain`: no tools read (tool_choice "none").
 
-Whitespace between content and calls is not content; `parallel` False keeps the first call only.
+Whitespace between content and calls is not content, but content on both sides of a call stays apart (one
+whitespace run, else a space); `parallel` False keeps the first call only.
 """
 from __future__ import annotations
 
@@ -71,23 +72,34 @@ class _Calls:
 
 
 class _Content:
-    """Content with its trailing whitespace held back: dropped if a call follows, else sent later;
-    whitespace right after a call is dropped too."""
+    """Content with its trailing whitespace held back: dropped if a call follows, else sent later.
+    Whitespace around a call is not content, except that content resuming after a call is set apart
+    from content sent before it: by the whitespace after the call, else that before it, else a space
+    ("Sure.<call>Done." reads "Sure. Done.", not "Sure.Done.")."""
 
     def __init__(self):
         self.held = ""
         self.after_call = False
+        self.sent = False
+        self.before_call = ""   # the whitespace held back when the first call of a run began
 
     def emit(self, text: str) -> str:
         text = self.held + text
         if self.after_call:
-            text = text.lstrip()
-            self.after_call = not text
+            body = text.lstrip()
+            if not body:
+                self.held = text
+                return ""
+            gap = text[:len(text) - len(body)] or self.before_call or " "
+            text, self.after_call = (gap if self.sent else "") + body, False
         kept = text.rstrip()
         self.held = text[len(kept):]
+        self.sent = self.sent or bool(kept)
         return kept
 
     def called(self) -> None:
+        if not self.after_call:
+            self.before_call = self.held
         self.held, self.after_call = "", True
 
     def flush(self, called: bool) -> str:
