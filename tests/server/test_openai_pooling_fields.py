@@ -161,3 +161,5 @@ def test_model_objects_carry_vllms_fields(client):
     assert listed["llm"]["max_model_len"] == 2048   # model_repository/llm/config.pbtxt
     assert "max_model_len" not in listed["embed"]   # its limit lives in its tokenizer.json, not in a config
     assert client.models.retrieve("llm").model_dump()["max_model_len"] == 2048
+    # rag answers with the llm its rag_generate step runs (its llm_model parameter)
+    assert listed["rag"]["max_model_len"] == client.models.retrieve("rag").model_dump()["max_model_len"] == 2048

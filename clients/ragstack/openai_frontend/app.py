@@ -88,7 +88,7 @@ async def get_model(request: Request, frontend: Frontend) -> JSONResponse:
     config = await frontend.triton.config(name)
     if config is None or models.kind_of(config) is None:
         raise model_not_found(name)
-    return JSONResponse(models.model_object(name, config))
+    return JSONResponse(await models.described(frontend.triton, name, config))
 
 
 async def load_model(request: Request, frontend: Frontend) -> JSONResponse:

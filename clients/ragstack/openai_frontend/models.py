@@ -90,7 +90,31 @@ async def _only_model(triton: Triton, endpoint: str) -> str:
 
 async def listing(triton: Triton) -> list[dict]:
     """The ready models the API serves, as OpenAI's model objects."""
-    return [model_object(found.name, config) for found, config in await _loaded(triton)]
+    return [await described(triton, found.name, config) for found, config in await _loaded(triton)]
+
+
+async def described(triton: Triton, name: str, config: dict) -> dict:
+    """The model object of a served model: an llm's `max_model_len` from its config, rag's that of the llm
+    it runs."""
+    length = _max_model_len(config)
+    if length is None and kind_of(config).kind == "rag":
+        length = await _llm_max_model_len(triton, config, depth=2)
+    return model_object(name, length)
+
+
+async def _llm_max_model_len(triton: Triton, config: dict | None, depth: int) -> int | None:
+    """The max_model_len of the llm behind a model: its own, else that of a model its ensemble steps run or
+    its `llm_model` parameter names (the rag ensemble's rag_generate step), `depth` models down."""
+    length = _max_model_len(config)
+    if length is not None or config is None or depth == 0:
+        return length
+    names = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
+    llm = config.get("parameters", {}).get("llm_model", {}).get("string_value")
+    for name in names + ([llm] if llm else []):
+        length = await _llm_max_model_len(triton, await triton.config(name), depth - 1)
+        if length is not None:
+            return length
+    return None
 
 
 async def _loaded(triton: Triton) -> list[tuple[Served, dict]]:
@@ -100,10 +124,14 @@ async def _loaded(triton: Triton) -> list[tuple[Served, dict]]:
     return [(kind_of(config), config) for config in configs if config is not None and kind_of(config) is not None]
 
 
-def model_object(name: str, config: dict | None = None) -> dict:
-    """OpenAI's model object, with vLLM's `root`, `parent`, `permission` and, where the model's config has
-    one (an llm's), `max_model_len`: clients size their context by it."""
+def _max_model_len(config: dict | None) -> int | None:
+    length = (config or {}).get("parameters", {}).get("max_model_len", {}).get("string_value", "")
+    return int(length) if length.isdigit() else None
+
+
+def model_object(name: str, max_model_len: int | None = None) -> dict:
+    """OpenAI's model object, with vLLM's `root`, `parent`, `permission` and, where known, `max_model_len`:
+    clients size their context by it."""
     found = {"id": name, "object": "model", "created": CREATED, "owned_by": "ragstack", "root": name,
              "parent": None, "permission": []}
-    length = (config or {}).get("parameters", {}).get("max_model_len", {}).get("string_value", "")
-    return {**found, "max_model_len": int(length)} if length.isdigit() else found
+    return {**found, "max_model_len": max_model_len} if max_model_len is not None else found
