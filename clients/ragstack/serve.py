@@ -43,9 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default="127.0.0.1",
                         help="IPv4 bind address of HTTP, gRPC, metrics and the OpenAI API (default 127.0.0.1, "
                              "loopback only)")
-    parser.add_argument("--http-port", type=_port(1), default=8000)
-    parser.add_argument("--grpc-port", type=_port(1), default=8001)
-    parser.add_argument("--metrics-port", type=_port(1), default=8002)
+    parser.add_argument("--http-port", type=_port(1), default=8000,
+                        help="the HTTP port (Triton's API through the gateway; default 8000)")
+    parser.add_argument("--grpc-port", type=_port(1), default=8001, help="Triton's gRPC port (default 8001)")
+    parser.add_argument("--metrics-port", type=_port(1), default=8002,
+                        help="Triton's Prometheus metrics port (default 8002)")
     parser.add_argument("--openai-port", type=_port(0), default=openai_frontend.DEFAULT_PORT,
                         help=f"the OpenAI API's port (default {openai_frontend.DEFAULT_PORT}; 0: no OpenAI API)")
     parser.add_argument("--openai-api-key-file", type=Path,
@@ -53,9 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"${openai_keys.ENV} if set; neither: the API is open)")
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     parser.add_argument("--exit-timeout", type=int, default=30,
-                        help="seconds in-flight requests get to finish on shutdown")
+                        help="seconds in-flight requests get to finish on shutdown (default 30)")
     parser.add_argument("--startup-timeout", type=float, default=300.0,
-                        help="seconds to wait for every model to load")
+                        help="seconds to wait for every model to load (default 300)")
     parser.add_argument("server_args", nargs="*",
                         help="further tritonserver flags, after `--` (e.g. -- --log-info=false)")
     gateway_limits.add_arguments(parser)

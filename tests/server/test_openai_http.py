@@ -116,6 +116,11 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "truncate_prompt_tokens": 0}, 400,
      "truncate_prompt_tokens", "truncate_prompt_tokens must be"),
     ("/v1/chat/completions", {"model": "m" * 20_000, "messages": HELLO}, 404, "model", "does not exist"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs", "top_logprobs must be in [0, 20], got 21"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "x": json.loads("[" * 20 + "]" * 20)}, 400, "x",
+     "x nests 19 levels of lists and objects; the llm takes at most 14"),
+    ("/detokenize", {"model": "llm", "tokens": [100, 99999]}, 400, "tokens", "input 'tokens' holds 99999 at index 1"),
 ])
 def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
     generates = path in ("/v1/chat/completions", "/v1/completions")

@@ -16,3 +16,18 @@ def test_a_refusal_names_the_request_field_it_came_from():
     error = from_triton("in ensemble 'rag', text[0] is 18000 bytes; the limit is 16384", "StatusCode.INVALID_ARGUMENT",
                         {"text": "messages"})
     assert (error.status, error.param, error.message) == (400, "messages", "text[0] is 18000 bytes; the limit is 16384")
+
+
+def test_a_refusal_reads_in_the_request_fields_words():
+    """The model's own name for a field, as the subject or an input, becomes the request's."""
+    error = from_triton("logprobs must be in [0, 20], got 21", "StatusCode.INVALID_ARGUMENT",
+                        {"logprobs": "top_logprobs"})
+    assert (error.param, error.message) == ("top_logprobs", "top_logprobs must be in [0, 20], got 21")
+    error = from_triton("input 'prompt_token_ids' holds 99999 at index 1; the vocabulary has 500 tokens",
+                        "StatusCode.INVALID_ARGUMENT", {"prompt_token_ids": "tokens"})
+    assert (error.param, error.message) == ("tokens", "input 'tokens' holds 99999 at index 1; the vocabulary has "
+                                                      "500 tokens")
+    # other words stay: "structured output" is no field's subject
+    error = from_triton("structured output: the constraint allows no output", "StatusCode.INVALID_ARGUMENT",
+                        {"structured": "response_format"})
+    assert (error.param, error.message) == ("response_format", "structured output: the constraint allows no output")

@@ -63,11 +63,24 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
         return APIError(404, message, "model", "model_not_found")
     if status != 400:
         return APIError(status, step, code=code.lower())
+    param = _param(step, params or {})
+    step = _in_request_words(step, params or {})
     context = _CONTEXT.search(step)
     if context:  # in OpenAI's words and code, which clients look for to shorten a conversation
         return APIError(400, f"This model's maximum context length is {context.group(1) or context.group(2)} "
-                             f"tokens: {step}", _param(step, params or {}), "context_length_exceeded")
-    return APIError(400, step, _param(step, params or {}))
+                             f"tokens: {step}", param, "context_length_exceeded")
+    return APIError(400, step, param)
+
+
+def _in_request_words(message: str, params: dict[str, str]) -> str:
+    """The message with a model's own name for a field put in the request's, where it names the field as
+    its subject ("logprobs must be ..." for chat's top_logprobs) or as an input ("input 'prompt_token_ids'
+    holds ..." for detokenize's tokens)."""
+    def renamed(match: re.Match) -> str:
+        word = match.group(2)
+        return f"{match.group(1)}{params.get(word, word)}{match.group(3)}"
+    message = re.sub(r"^()(\w+)( must )", renamed, message, count=1)
+    return re.sub(r"(input ')(\w+)(')", renamed, message)
 
 
 def _param(message: str, params: dict[str, str]) -> str | None:

@@ -19,7 +19,7 @@ from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
 from ragstack.openai_frontend.models import Served
-from ragstack.openai_frontend.schemas import LLM_JSON_BYTES
+from ragstack.openai_frontend.schemas import LLM_JSON_BYTES, LLM_JSON_DEPTH
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
@@ -130,15 +130,27 @@ def declared(inputs: dict, served: Served) -> dict:
 
 
 def check_sampling_size(sampling: dict, asked: dict, constrained_by: str | None) -> None:
-    """The llm's sampling_parameters input within its JSON limit, else a 400 naming the largest field: a
-    key of `asked` (the request's own sampling fields) by its name, any other (the output constraint's
-    keys) by `constrained_by`."""
+    """The llm's sampling_parameters input within its JSON limits, else a 400 naming the field: one nested
+    too deep, or the largest; a key of `asked` (the request's own sampling fields) by its name, any other
+    (the output constraint's keys) by `constrained_by`."""
+    for key, value in sampling.items():
+        if _depth(value) > LLM_JSON_DEPTH - 2:   # the object holding it, and the value itself, are two levels
+            param = key if key in asked or constrained_by is None else constrained_by
+            raise APIError(400, f"{param} nests {_depth(value)} levels of lists and objects; the llm takes at most "
+                                f"{LLM_JSON_DEPTH - 2} (its sampling_parameters input)", param)
     size = len(json.dumps(sampling).encode())
     if size > LLM_JSON_BYTES:
         largest = max(sampling, key=lambda key: len(json.dumps(sampling[key]).encode()))
         param = largest if largest in asked or constrained_by is None else constrained_by
         raise APIError(400, f"the sampling fields take {size} bytes of JSON, {param} the most; the llm takes at "
                             f"most {LLM_JSON_BYTES} (its sampling_parameters input)", param)
+
+
+def _depth(value) -> int:
+    """Levels below a JSON value: 0 for a scalar or an empty list or object (the request's own depth limit
+    bounds the recursion)."""
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 0 if not children else 1 + max(map(_depth, children))
 
 
 def seeded(sampling: dict, n: int) -> list[dict]:

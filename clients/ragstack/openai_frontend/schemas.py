@@ -36,6 +36,7 @@ NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's 
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_REQUEST_ID_CHARS = 256
 LLM_JSON_BYTES = 64 << 10   # the llm's MAX_JSON_BYTES (backends/triton_llm/llm_request.py), of each JSON input
+LLM_JSON_DEPTH = 16   # and its MAX_DEPTH (backends/triton_llm/strict_json.py): levels, the input's object the first
 # vLLM's fields served at one value only: (name, that value, why no other).
 FIFO = ("priority", 0, "the llm schedules first come, first served")
 TOKEN_TEXT = ("return_tokens_as_token_ids", False, "logprobs name tokens by their text")
