@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragstack.openai_frontend.tool_parsers import (
-    AUTO, Delta, Hermes, Llama3Json, Mistral, Named, Plain, Reader, Required, collect)
+    AUTO, Delta, Hermes, Llama3Json, Mistral, Named, Plain, Reader, Required, collect, joined)
 
 WEATHER = {"city": "Paris", "unit": "celsius"}
 ADD = {"a": 1, "b": [2, {"c": "x\"}y"}]}
@@ -218,6 +218,17 @@ def test_named_and_plain():
     assert parsed(calls) == [("f", {"x": 1})] and content == "" and len(deltas) == 3
     assert streamed(Named("f"), [])[1] == [{"name": "f", "arguments": ""}]     # nothing generated: still the call
     assert collect(Plain(), "<tool_call>x") == ("<tool_call>x", [])
+
+
+def test_a_deltas_fragments_of_one_call_go_out_as_one_entry():
+    reader = Named("f")
+    first = joined(reader.feed('{"x"').tool_calls)   # the header and the first fragment
+    assert first == [{"index": 0, "id": first[0]["id"], "type": "function",
+                      "function": {"name": "f", "arguments": '{"x"'}}]
+    assert joined(reader.feed(": 1}").tool_calls) == [{"index": 0, "function": {"arguments": ": 1}"}}]
+    hermes = Hermes()
+    two = joined(hermes.feed(FAMILIES["hermes"]).add(hermes.finish()).tool_calls)
+    assert [entry["index"] for entry in two] == [0, 1] and all("id" in entry for entry in two)
 
 
 def test_the_parser_setting_is_one_of_the_formats():

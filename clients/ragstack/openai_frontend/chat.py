@@ -17,7 +17,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ragstack.openai_frontend import generation, metrics, models, streaming, structured, tools
+from ragstack.openai_frontend import generation, metrics, models, streaming, structured, tool_parsers, tools
 from ragstack.openai_frontend.disconnect import unless_gone
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.frontend import Frontend
@@ -155,7 +155,7 @@ class Answer:
         if text:
             delta["content"] = text
         if calls:
-            delta["tool_calls"] = calls
+            delta["tool_calls"] = tool_parsers.joined(calls)
         if delta or reason is not None or piece.logprobs:
             chunks.append(self._chunk([{"index": index, "delta": delta, "finish_reason": reason,
                                         "stop_reason": piece.stop_reason,

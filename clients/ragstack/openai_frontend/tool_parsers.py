@@ -462,6 +462,20 @@ class Mistral(Reader):
 AUTO = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral}
 
 
+def joined(entries: list[dict]) -> list[dict]:
+    """One delta's entries with each call's fragments joined into one entry (its header's, if sent in this
+    delta), as vLLM sends them."""
+    out: list[dict] = []
+    for entry in entries:
+        if out and out[-1]["index"] == entry["index"] and "id" not in entry:
+            last = out[-1]
+            out[-1] = {**last, "function": {**last["function"],
+                                            "arguments": last["function"]["arguments"] + entry["function"]["arguments"]}}
+        else:
+            out.append(entry)
+    return out
+
+
 def collect(reader: Reader, text: str) -> tuple[str, list[dict]]:
     """A whole answer read: its content and its tool calls whole ({"id", "type", "function"})."""
     delta = reader.feed(text).add(reader.finish())
