@@ -143,15 +143,22 @@ def test_top_n_0_means_every_document(triton_server, path):
     assert sorted(r["index"] for r in answer.json()["results"]) == [0, 1, 2]
 
 
-def test_v2_rerank_is_counted_under_its_own_endpoint(triton_server):
-    def requests() -> float:
-        text = httpx.get(f"{triton_server.openai_url}/metrics", timeout=30).text
-        line = 'ragstack_openai_requests_total{endpoint="/v2/rerank",model="rerank"} '
-        return next((float(l.removeprefix(line)) for l in text.splitlines() if l.startswith(line)), 0.0)
+def counted(server, endpoint: str, model: str) -> float:
+    text = httpx.get(f"{server.openai_url}/metrics", timeout=30).text
+    line = f'ragstack_openai_requests_total{{endpoint="{endpoint}",model="{model}"}} '
+    return next((float(l.removeprefix(line)) for l in text.splitlines() if l.startswith(line)), 0.0)
 
-    before = requests()
+
+def test_v2_rerank_is_counted_under_its_own_endpoint(triton_server):
+    before = counted(triton_server, "/v2/rerank", "rerank")
     post(triton_server, "/v2/rerank", {"model": "rerank", "query": "q", "documents": ["a"]})
-    assert requests() == before + 1
+    assert counted(triton_server, "/v2/rerank", "rerank") == before + 1
+
+
+def test_a_model_object_is_counted_under_its_model(triton_server):
+    before = counted(triton_server, "/v1/models/{id}", "llm")
+    assert httpx.get(f"{triton_server.openai_url}/v1/models/llm", timeout=30).status_code == 200
+    assert counted(triton_server, "/v1/models/{id}", "llm") == before + 1
 
 
 def test_model_objects_carry_vllms_fields(client):

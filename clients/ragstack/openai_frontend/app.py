@@ -88,6 +88,7 @@ async def get_model(request: Request, frontend: Frontend) -> JSONResponse:
     config = await frontend.triton.config(name)
     if config is None or models.kind_of(config) is None:
         raise model_not_found(name)
+    metrics.served_model(request, name)
     return JSONResponse(await models.described(frontend.triton, name, config))
 
 
