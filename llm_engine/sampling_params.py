@@ -170,8 +170,10 @@ class SamplingParams:
             raise ValueError(f"sampling parameters must be a dict, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
+        if unknown:   # names come from clients: a few, cut short, keep the message small
+            shown = [name if len(name) <= 64 else f"{name[:61]}..." for name in unknown[:8]]
+            more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+            raise ValueError(f"unknown sampling parameter(s) {shown}{more}; known: {sorted(known)}")
         return cls(**d)
 
     @property

@@ -41,11 +41,11 @@ def parse_messages(messages: Any) -> list[dict[str, Any]]:
             raise Invalid(f"messages[{i}] must be an object with string 'role' and 'content'")
         role = message["role"]
         if role not in ROLES:
-            raise Invalid(f"messages[{i}]: role {role[:40]!r} is not one of {list(ROLES)}")
+            raise Invalid(f"messages[{i}].role: {role[:40]!r} is not one of {list(ROLES)}")
         calls = message.get("tool_calls") or None   # [] as none, as clients send it
         content = message.get("content")
         if calls is not None and role != "assistant":
-            raise Invalid(f"messages[{i}]: only assistant messages carry tool_calls, not {role!r}")
+            raise Invalid(f"messages[{i}].tool_calls: only assistant messages carry tool_calls, not {role!r}")
         if not isinstance(content, str) and not (calls and content is None):
             raise Invalid(f"messages[{i}] must be an object with string 'role' and 'content'")
         kept: dict[str, Any] = {"role": role, "content": content or ""}

@@ -29,6 +29,8 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # logits width; ids at or above it are invalid
+        # A prompt's ids must also be the tokenizer's (vLLM's rule): checkpoints pad the embedding past it.
+        self.prompt_vocab_size = min(vocab_size, tokenizer.vocab_size)
 
     def process(self, request_id: str, prompt: str | list[int] | None = None,
                 sampling_params: SamplingParams | dict | None = None,
@@ -85,9 +87,9 @@ class InputProcessor:
             raise ValueError("prompt must not be empty (0 tokens)")
         if not all(isinstance(t, int) for t in ids):
             raise ValueError("prompt token ids must all be ints")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), "
-                             f"got min {min(ids)}, max {max(ids)}")
+        if min(ids) < 0 or max(ids) >= self.prompt_vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.prompt_vocab_size}), got min {min(ids)}, "
+                             f"max {max(ids)} (ids the tokenizer and the model both have)")
         return ids
 
 

@@ -91,3 +91,11 @@ def test_logit_bias_keys_are_read_as_token_ids():
 def test_allowed_token_ids_and_structured_output_do_not_combine():
     with pytest.raises(ValueError, match="allowed_token_ids cannot be combined with structured output"):
         SamplingParams(allowed_token_ids=[1, 2], structured_outputs={"choice": ["a", "b"]})
+
+
+def test_unknown_keys_are_named_briefly():
+    """Names come from clients: a few, each cut short, so the message stays small."""
+    with pytest.raises(ValueError) as info:
+        SamplingParams.from_dict({"k" * 60_000: 1, **{f"x{i}": 1 for i in range(10)}})
+    message = str(info.value)
+    assert len(message) < 2000 and f"['{'k' * 61}...', 'x0'" in message and "and 3 more" in message

@@ -68,8 +68,8 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
      "'reasoning_effort' is not supported by this server"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "metadata": {"k": 1}}, 400, "metadata.k",
      "valid string"),
-    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages",
-     "role 'wizard'"),
+    ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages[0].role", "messages[0].role: 'wizard' is not one of"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "n": 65}, 400, "n", "the limit is 64 (max_choices)"),
     ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
@@ -86,6 +86,8 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/completions", {"model": "llm", "prompt": [[1, 2], []]}, 400, "prompt", "none empty"),
     ("/v1/completions", {"model": "llm", "prompt": [[1, -2]]}, 400, "prompt", "token ids must be in [0, 2^31), got -2"),
     ("/v1/completions", {"model": "llm", "prompt": [1, 99999]}, 400, "prompt", "prompt token ids must be in [0, "),
+    ("/v1/completions", {"model": "llm", "prompt": [505, 1]}, 400, "prompt",   # the embedding has 512 rows
+     "prompt token ids must be in [0, 500), got min 1, max 505"),
     ("/v1/embeddings", {"model": "embed", "input": "x", "dimensions": 128}, 400, "dimensions", "384-dimensional"),
     ("/v1/embeddings", {"model": "embed", "input": ["ok", "  "]}, 400, "input[1]", "input[1] is empty"),
     ("/v1/embeddings", {"model": "embed", "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),
@@ -121,6 +123,12 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "x": json.loads("[" * 20 + "]" * 20)}, 400, "x",
      "x nests 19 levels of lists and objects; the llm takes at most 14"),
     ("/detokenize", {"model": "llm", "tokens": [100, 99999]}, 400, "tokens", "input 'tokens' holds 99999 at index 1"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "seed": 2**64}, 400, "seed",
+     "seed must fit in 64 bits (-9223372036854775808 to 9223372036854775807), got 18446744073709551616"),
+    ("/v1/completions", {"model": "llm", "prompt": "x", "seed": -2**63 - 1}, 400, "seed", "seed must fit in 64 bits"),
+    ("/v1/chat/completions", {"model": "rag", "messages": HELLO, "seed": 2**70}, 400, "seed", "seed must fit"),
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "max_completion_tokens": 0}, 400,
+     "max_completion_tokens", "max_completion_tokens must be >= 1, got 0"),
 ])
 def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
     generates = path in ("/v1/chat/completions", "/v1/completions")
@@ -150,6 +158,18 @@ def test_strings_of_a_lone_surrogate_are_refused_naming_the_field(triton_server,
     assert error["param"] == param and f"{param} holds a lone surrogate escape" in error["message"], error
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", b'{"model": "llm", "messages": [{"role": "user", "content": "a\xed\xa0\x80"}]}'),
+    ("/v1/embeddings", b'{"model": "embed", "input": "a\xed\xa0\x80"}'),
+    ("/v1/rerank", b'{"model": "rerank", "query": "q", "documents": ["a\xed\xbf\xbf"]}'),
+])
+def test_utf8_encoded_surrogates_are_not_utf8(triton_server, path, body):
+    """Python's json.loads takes bytes ED A0 80 as a lone surrogate; strict UTF-8 (RFC 3629) refuses them."""
+    response = post(triton_server, path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert "the request body is not UTF-8" in response.json()["error"]["message"]
+
+
 def test_a_lone_surrogate_in_a_tool_calls_arguments_is_refused_naming_them(triton_server):
     """The arguments are JSON text inside the body's JSON: their escape reaches the frontend as text."""
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}
@@ -160,6 +180,25 @@ def test_a_lone_surrogate_in_a_tool_calls_arguments_is_refused_naming_them(trito
         response = post(triton_server, path, body)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments.a"
+
+
+@pytest.mark.parametrize("arguments,status,words", [
+    ('{"a": ' + "[" * 9 + "]" * 9 + "}", 200, ""),   # 10 levels: the deepest the llm's messages input holds there
+    ('{"a": ' + "[" * 10 + "]" * 10 + "}", 400, "function.arguments nests 11 levels deep; the limit there is 10"),
+    ('{"a": ' + "[" * 3000 + "]" * 3000 + "}", 400, "nests 3001 levels deep"),   # was a RecursionError
+    ('{"a": NaN}', 400, "function.arguments is not valid JSON: NaN is not a JSON number"),
+])
+def test_a_tool_calls_arguments_are_parsed_as_strictly_as_the_body(triton_server, arguments, status, words):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [HELLO[0], {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"}]
+    for path, body in (("/v1/chat/completions", {"model": "llm", "messages": messages, "max_tokens": 2}),
+                       ("/tokenize", {"model": "llm", "messages": messages})):
+        response = post(triton_server, path, body)
+        assert response.status_code == status, response.text
+        if status != 200:
+            error = response.json()["error"]
+            assert error["param"] == "messages[1].tool_calls[0].function.arguments" and words in error["message"]
 
 
 def test_streamed_text_offsets_are_the_whole_answers_after_a_stop_strings_cut(triton_server):

@@ -35,7 +35,7 @@ def test_messages_keep_names_tool_calls_and_tool_call_ids_only():
     ([], "non-empty JSON list"),
     ([{"role": "user"}], "messages[0] must be an object with string 'role' and 'content'"),
     ([{"role": "user", "content": "hi", "name": 3}], "messages[0].name must be a string"),
-    ([{"role": "robot", "content": "x"}], "role 'robot' is not one of"),
+    ([{"role": "robot", "content": "x"}], "messages[0].role: 'robot' is not one of"),
     ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "only assistant messages carry tool_calls"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}],
      "messages[0].tool_calls[0] must be"),

@@ -18,9 +18,10 @@ _STATUS = {"INVALID_ARG": 400, "UNSUPPORTED": 400, "NOT_FOUND": 404, "ALREADY_EX
 RETRY_AFTER_S = 1
 # What Triton and our models put before a step's message.
 _WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running inference: )+")
-# A key the llm names as unknown or not implemented: "unknown sampling parameter(s) ['foo']",
+# A key the llm names as unknown (the first; a long name cut to 61 characters) or not implemented:
+# "unknown sampling parameter(s) ['foo']",
 # "sampling_parameters: 'best_of' is a vLLM sampling parameter this engine does not implement".
-_NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)'|^(?:sampling_parameters|parameters): '(\w+)'")
+_NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)|^(?:sampling_parameters|parameters): '(\w+)'")
 # The llm's two refusals of a prompt and max_tokens past its context (llm_engine/engine/input_processor.py),
 # and rag's (ragstack.prompt_budget: "the llm's max_model_len=N minus max_tokens=M leaves ...").
 _CONTEXT = re.compile(r"shorter than max_model_len=(\d+)|max_model_len=(\d+) minus")
@@ -85,12 +86,15 @@ def _in_request_words(message: str, params: dict[str, str]) -> str:
 
 def _param(message: str, params: dict[str, str]) -> str | None:
     """The request parameter a model's message names: an unknown key it quotes, else the first word
-    of the message that is a field of `params` ("top_p must be ...", "input 'text_input' is ...")."""
+    of the message that is a field of `params` ("top_p must be ...", "input 'text_input' is ..."), with
+    the path into it where the field keeps its name ("messages[0].role: ...")."""
     named = _NAMED_KEY.search(message)
     if named:
         return named.group(1) or named.group(2)
-    return next((params[word] for word in re.findall(r"[A-Za-z_]\w*", message.split(";")[0]) if word in params),
-                None)
+    for word, path in re.findall(r"([A-Za-z_]\w*)((?:\[\d+\])(?:\[\d+\]|\.[A-Za-z_]\w*)*)?", message.split(";")[0]):
+        if word in params:
+            return params[word] + (path if params[word] == word else "")
+    return None
 
 
 def internal(exc: Exception) -> APIError:

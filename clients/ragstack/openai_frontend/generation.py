@@ -19,7 +19,7 @@ from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
 from ragstack.openai_frontend.models import Served
-from ragstack.openai_frontend.schemas import LLM_JSON_BYTES, LLM_JSON_DEPTH
+from ragstack.openai_frontend.limits import LLM_JSON_BYTES, LLM_JSON_DEPTH
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
@@ -156,8 +156,12 @@ def _depth(value) -> int:
 def seeded(sampling: dict, n: int) -> list[dict]:
     """n choices' sampling keys: with a seed, seed + i for choice i, so they differ and repeat (wrapping
     within int64's range, which the llm takes, so any valid seed works with any n)."""
-    if sampling.get("seed") is None:
+    seed = sampling.get("seed")
+    if seed is None:
         return [sampling] * n
+    if isinstance(seed, int) and not -2**63 <= seed < 2**63:   # refused before wrapping turns it into another
+        given = str(seed) if len(str(seed)) <= 40 else f"{str(seed)[:37]}..."
+        raise APIError(400, f"seed must fit in 64 bits ({-2**63} to {2**63 - 1}), got {given}", "seed")
     return [{**sampling, "seed": (sampling["seed"] + i + 2**63) % 2**64 - 2**63} for i in range(n)]
 
 

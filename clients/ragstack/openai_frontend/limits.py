@@ -9,6 +9,13 @@ import re
 from dataclasses import dataclass, field, fields
 
 
+# The llm's own limits on each JSON input (sampling_parameters, messages, chat_template_kwargs): its
+# MAX_JSON_BYTES (backends/triton_llm/llm_request.py) and MAX_DEPTH (backends/triton_llm/strict_json.py:
+# levels, the input's own list or object the first, scalars included).
+LLM_JSON_BYTES = 64 << 10
+LLM_JSON_DEPTH = 16
+
+
 def _knob(default, help_text: str, choices: tuple[str, ...] | None = None):
     return field(default=default, metadata={"help": help_text, "choices": choices})
 

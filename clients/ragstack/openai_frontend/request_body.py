@@ -57,13 +57,17 @@ async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
     encoding = json.detect_encoding(body)
     if encoding not in ("utf-8", "utf-8-sig"):   # RFC 8259: JSON between systems is UTF-8
         raise APIError(400, f"the request body must be JSON in UTF-8, got {encoding}")
+    try:   # decoded here, strictly: json.loads would let UTF-8-encoded surrogates (ED A0 80 ...) through
+        text = body.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not UTF-8: {exc}") from None
     try:
-        value = json.loads(body, parse_constant=_not_json, parse_float=_finite)
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    except ValueError as exc:
         raise APIError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
-    if _SURROGATE_ESCAPE.search(body):   # the only way to a surrogate: raw UTF-8 cannot encode one
+    if _SURROGATE_ESCAPE.search(body):   # the only way to a surrogate: strict UTF-8 cannot encode one
         refuse_surrogates(value)
     try:
         return model.model_validate(value)
@@ -103,6 +107,20 @@ def refuse_surrogates(value, param: str = "") -> None:
         for i, item in enumerate(value):
             if type(item) in _CONTAINERS:
                 refuse_surrogates(item, f"{param}[{i}]")
+
+
+def json_text(text: str, param: str, max_depth: int):
+    """JSON text inside the body's JSON (a tool call's arguments), parsed as strictly as the body: at most
+    max_depth levels of lists and objects, no NaN, Infinity or lone surrogate; else a 400 naming `param`."""
+    found = json_depth.deeper_than(text.encode("utf-8", "surrogatepass"), max_depth)
+    if found is not None:
+        raise APIError(400, f"{param} nests {found} levels deep; the limit there is {max_depth}", param)
+    try:
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    except ValueError as exc:
+        raise APIError(400, f"{param} is not valid JSON: {exc}", param) from None
+    refuse_surrogates(value, param)
+    return value
 
 
 def _param(loc: tuple) -> str:

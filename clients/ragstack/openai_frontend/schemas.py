@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ragstack.openai_frontend.errors import APIError
-from ragstack.openai_frontend.limits import FrontendLimits
+from ragstack.openai_frontend.limits import LLM_JSON_BYTES, FrontendLimits
 from ragstack.openai_frontend.tools import tool_calls_message
 
 # Sampling keys the llm takes under their OpenAI / vLLM names.
@@ -35,8 +35,6 @@ NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's 
               "multimodal input"}
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_REQUEST_ID_CHARS = 256
-LLM_JSON_BYTES = 64 << 10   # the llm's MAX_JSON_BYTES (backends/triton_llm/llm_request.py), of each JSON input
-LLM_JSON_DEPTH = 16   # and its MAX_DEPTH (backends/triton_llm/strict_json.py): levels, the input's object the first
 # vLLM's fields served at one value only: (name, that value, why no other).
 FIFO = ("priority", 0, "the llm schedules first come, first served")
 TOKEN_TEXT = ("return_tokens_as_token_ids", False, "logprobs name tokens by their text")

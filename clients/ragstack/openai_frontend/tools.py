@@ -28,13 +28,17 @@ from ragstack.openai_frontend import tool_grammar, tool_parsers, tool_schema
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.structured import schema_text
-from ragstack.openai_frontend.request_body import refuse_surrogates
+from ragstack.openai_frontend.request_body import json_text
+from ragstack.openai_frontend.limits import LLM_JSON_DEPTH
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 128                                     # OpenAI's; the llm's chat_tools.MAX_TOOLS
 TEMPLATE_INFO_KEY = "ragstack_chat_template_info"   # backends/triton_llm/chat_tools.py
 INFO_CACHE_S = 5.0                                  # as model configs: a reloaded model is seen within this
 NO_PARAMETERS = tool_grammar.NO_PARAMETERS
+# A call's arguments reach the llm five levels into its messages input (list, message, tool_calls, call,
+# function), which nests at most LLM_JSON_DEPTH levels, scalars included.
+ARGUMENTS_DEPTH = LLM_JSON_DEPTH - 6
 _info: dict[str, tuple[float, dict]] = {}
 
 
@@ -158,13 +162,9 @@ def tool_calls_message(message: Any, at: str) -> list[dict]:
             raise APIError(400, f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                                 "\"arguments\"}}", where)
         arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError as exc:
-                raise APIError(400, f"{where}.function.arguments is not valid JSON: {exc}",
-                               f"{where}.function.arguments") from None
-            refuse_surrogates(arguments, f"{where}.function.arguments")   # JSON text inside the body's JSON
+        if isinstance(arguments, str):   # JSON text inside the body's JSON
+            arguments = json_text(arguments, f"{where}.function.arguments", ARGUMENTS_DEPTH) \
+                if arguments.strip() else {}
         if not isinstance(arguments, dict):
             raise APIError(400, f"{where}.function.arguments must be the JSON text of an object",
                            f"{where}.function.arguments")
