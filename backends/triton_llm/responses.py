@@ -83,8 +83,10 @@ class ResponseBuilder:
             last = final and i == len(tokens) - 1
             self._pieces.add_token(token, check_stop=False, last=last)
             piece = self._pieces.emit(finished=last)
-            entry = {str(t): {"logprob": finite(lp), "rank": rank + 1, "decoded_token": decode([t], skip),
-                              "bytes": token_bytes(t, skip)} for rank, (t, lp) in enumerate(top.top.items())}
+            # An alternative is no part of the text: a special one shows its own text (vLLM's), so two
+            # never read alike; the sampled token reads as its piece of the text.
+            entry = {str(t): {"logprob": finite(lp), "rank": rank + 1, "decoded_token": decode([t], False),
+                              "bytes": token_bytes(t, False)} for rank, (t, lp) in enumerate(top.top.items())}
             entry[str(token)] = {"logprob": finite(logprob), "rank": top.rank, "decoded_token": piece,
                                  "bytes": token_bytes(token, skip), "sampled": True}
             entries.append(entry)

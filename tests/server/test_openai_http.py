@@ -16,8 +16,10 @@ HELLO = [{"role": "user", "content": "Hello"}]
 RUNNING, KV_USED = "triton_llm_num_requests_running", "triton_llm_kv_cache_blocks_used"
 
 
-def post(server, path: str, body=None, content: bytes | None = None, **kw) -> httpx.Response:
-    return httpx.post(f"{server.openai_url}{path}", json=body, content=content, timeout=60, **kw)
+def post(server, path: str, body=None, content: bytes | None = None, headers: dict | None = None,
+         **kw) -> httpx.Response:
+    headers = {"Content-Type": "application/json", **(headers or {})}   # a raw body is sent as JSON too
+    return httpx.post(f"{server.openai_url}{path}", json=body, content=content, headers=headers, timeout=60, **kw)
 
 
 def sse(response: httpx.Response) -> list[str]:
@@ -129,6 +131,8 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     ("/v1/chat/completions", {"model": "rag", "messages": HELLO, "seed": 2**70}, 400, "seed", "seed must fit"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "max_completion_tokens": 0}, 400,
      "max_completion_tokens", "max_completion_tokens must be >= 1, got 0"),
+    ("/v1/completions", {"model": "llm", "prompt": "x", "cache_salt": "s"}, 400, "cache_salt",
+     "'cache_salt' is not supported by this server (prefix-cache isolation by salt)"),
 ])
 def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
     generates = path in ("/v1/chat/completions", "/v1/completions")
@@ -156,6 +160,29 @@ def test_strings_of_a_lone_surrogate_are_refused_naming_the_field(triton_server,
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and f"{param} holds a lone surrogate escape" in error["message"], error
+
+
+def test_fields_not_served_pass_at_false_and_are_not_sent_to_the_llm(triton_server):
+    for path, body in (("/v1/chat/completions", {"model": "llm", "messages": HELLO}),
+                       ("/v1/completions", {"model": "llm", "prompt": "x"})):
+        response = post(triton_server, path, {**body, "max_tokens": 2, "return_token_ids": False})
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", None])
+def test_a_body_not_sent_as_json_is_refused(triton_server, content_type):
+    """What a browser sends to any origin without a preflight: no other web page drives an open server."""
+    body = json.dumps({"model": "llm", "messages": HELLO, "max_tokens": 2}).encode()
+    response = httpx.post(f"{triton_server.openai_url}/v1/chat/completions", content=body, timeout=60,
+                          headers={"Content-Type": content_type} if content_type else {})
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "must be sent as Content-Type application/json" in \
+        error["message"]
+    charset = post(triton_server, "/v1/chat/completions", content=body,
+                   headers={"Content-Type": "Application/JSON; charset=utf-8"})
+    assert charset.status_code == 200, charset.text
 
 
 @pytest.mark.parametrize("path,body", [

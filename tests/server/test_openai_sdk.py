@@ -131,6 +131,15 @@ def test_logprobs_name_the_sampled_tokens_and_the_most_likely(client):
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
 
 
+def test_special_alternatives_read_as_their_own_text(client):
+    """vLLM's test_some_logprobs: N most likely are N keys. Special tokens, left out of the text, would all read
+    as "" and share one key; as alternatives they read as their own text."""
+    answer = client.completions.create(model="llm", prompt=[0, 0, 0, 0, 0], max_tokens=5, temperature=0,
+                                       logprobs=5).choices[0]
+    assert all(5 <= len(top) <= 6 for top in answer.logprobs.top_logprobs), answer.logprobs.top_logprobs
+    assert any(key.startswith("<|") for top in answer.logprobs.top_logprobs for key in top)
+
+
 def test_logprobs_bytes_are_each_tokens_own_where_a_character_spans_tokens(client):
     """As OpenAI: the tokens' bytes join into the answer's, also where a character spans tokens (the tiny vocab
     holds most characters as bytes: this answer's "у" is D1 83 in two tokens), each such part's token its bytes
@@ -263,6 +272,9 @@ def test_embeddings_are_the_embed_models_in_floats_and_base64(client, triton):
     unpacked = np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in packed.data])
     np.testing.assert_array_equal(unpacked, vectors)
     assert len(client.embeddings.create(model="embed", input="one", dimensions=384).data[0].embedding) == 384
+    raw = client.embeddings.with_raw_response.create(model="embed", input="one", extra_body={
+        "request_id": "r1", "use_activation": True, "embed_dtype": "float32", "endianness": "native"}).http_response
+    assert raw.json()["id"] == "embd-r1" and raw.json()["created"] > 0   # vLLM's fields and values that change nothing
 
 
 def test_more_inputs_than_one_batch_are_embedded_in_order(client, triton):

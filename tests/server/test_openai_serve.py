@@ -89,7 +89,8 @@ def test_the_frontend_needs_its_keys_and_takes_its_flags(served):
     assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/metrics").status_code == 200
     bearer = {"Authorization": f"Bearer {API_KEY}"}
     assert httpx.get(f"{url}/v1/models", headers=bearer).json() == {"object": "list", "data": []}   # echo: no endpoint
-    too_big = httpx.post(f"{url}/v1/embeddings", headers=bearer, content=b" " * 1001)
+    too_big = httpx.post(f"{url}/v1/embeddings", headers={**bearer, "Content-Type": "application/json"},
+                         content=b" " * 1001)
     assert too_big.status_code == 413 and "the limit is 1000 (max_body_bytes)" in too_big.text   # the flag reached it
 
     for headers in (bearer, {**bearer, admin_key.HEADER: "wrong-key-wrong-key"}):

@@ -1,10 +1,13 @@
 """`POST /v1/embeddings` through an embed model (the `embed` ensemble): texts in batches of
 `embed_batch` (its tokenizer's max_texts), vectors as floats or base64 (little-endian float32), and
-`usage` as the model's tokenizer counts (tokens.py). An input longer than the model reads is refused,
-as OpenAI and vLLM refuse it, unless vLLM's `truncate_prompt_tokens` asks for it to be cut."""
+`usage` as the model's tokenizer counts (tokens.py); vLLM's `id` (`embd-` and the request_id given) and
+`created` beside OpenAI's fields. An input longer than the model reads is refused, as OpenAI and vLLM
+refuse it, unless vLLM's `truncate_prompt_tokens` asks for it to be cut."""
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 
 import numpy as np
 from starlette.requests import Request
@@ -38,5 +41,6 @@ async def embeddings(request: Request, frontend: Frontend) -> JSONResponse:
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.tobytes()).decode() if body.encoding_format == "base64" else v.tolist()}
             for i, v in enumerate(vectors)]
-    return JSONResponse({"object": "list", "data": data, "model": served.name,
+    return JSONResponse({"id": f"embd-{body.request_id or uuid.uuid4().hex}", "object": "list",
+                         "created": int(time.time()), "data": data, "model": served.name,
                          "usage": {"prompt_tokens": ran.used(), "total_tokens": ran.used()}})

@@ -6,6 +6,7 @@ for something this server does not do are refused naming the field (only the val
 pass). Any other field is refused as unsupported (OpenAI refuses unknown fields on embeddings)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -14,7 +15,7 @@ from pydantic import model_validator
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.limits import FrontendLimits
 from ragstack.openai_frontend.models import Served
-from ragstack.openai_frontend.schemas import Strict, check_text, token_ids
+from ragstack.openai_frontend.schemas import MAX_REQUEST_ID_CHARS, Strict, check_text, token_ids
 
 # vLLM's names of a score request's two sides: text_1 and text_2 in every version, the others in newer ones.
 SCORE_SIDES = (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items"))
@@ -57,14 +58,24 @@ class EmbeddingRequest(Pooling):
     dimensions: int | None = None
     user: str | None = None
     normalize: bool | None = None
+    use_activation: bool | None = None   # vLLM's newer name for normalize
+    embed_dtype: Literal["float32"] | None = None   # vLLM's base64 element type and byte order: ours only
+    endianness: Literal["native", "little"] | None = None
     add_special_tokens: bool | None = None
-    request_id: str | None = None   # vLLM's; accepted, not used
+    request_id: str | None = None   # vLLM's: the answer's id ends with it
 
     @model_validator(mode="after")
     def _as_served(self) -> EmbeddingRequest:
-        if self.normalize is False:
-            raise APIError(400, "normalize: false is not supported; the vectors come as the model computes them "
-                                "(the bundled embedder's are L2-normalised)", "normalize")
+        for name in ("normalize", "use_activation"):
+            if getattr(self, name) is False:
+                raise APIError(400, f"{name}: false is not supported; the vectors come as the model computes them "
+                                    "(the bundled embedder's are L2-normalised)", name)
+        if self.request_id is not None and len(self.request_id) > MAX_REQUEST_ID_CHARS:   # in the answer's id
+            raise APIError(400, f"request_id is {len(self.request_id)} characters; the limit is "
+                                f"{MAX_REQUEST_ID_CHARS}", "request_id")
+        if self.endianness == "native" and sys.byteorder != "little":
+            raise APIError(400, "endianness: base64 embeddings are little-endian float32 here; this host is "
+                                "big-endian, so ask for little", "endianness")
         if self.add_special_tokens is False:
             raise APIError(400, "add_special_tokens: false is not supported; the model's tokenizer always adds "
                                 "them", "add_special_tokens")

@@ -1,6 +1,6 @@
-"""A request's body, bounded before it is parsed: its size (max_body_bytes, counted as it arrives), its
-pauses (body_timeout_s), its JSON nesting (max_json_depth, counted without parsing: Python's parser
-recurses), then its JSON (strict: UTF-8, no NaN, Infinity or number past a double's range, no string
+"""A request's body, bounded before it is parsed: its media type (application/json), its size
+(max_body_bytes, counted as it arrives), its pauses (body_timeout_s), its JSON nesting (max_json_depth,
+counted without parsing: Python's parser recurses), then its JSON (strict: UTF-8, no NaN, Infinity or number past a double's range, no string
 holding a lone surrogate, which no text encoding can carry on) and its fields (a pydantic model). Every
 refusal names the limit or the field."""
 from __future__ import annotations
@@ -49,6 +49,12 @@ async def read(request: Request, limits: FrontendLimits) -> bytes:
 
 
 async def parse(request: Request, model: type[M], limits: FrontendLimits) -> M:
+    # vLLM's rule, and what keeps other web pages out: a browser sends text/plain, a form or no type at all to
+    # any origin without asking first (no CORS preflight), application/json only after one.
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(415, f"the request body must be sent as Content-Type application/json, got "
+                            f"{media_type[:80] or 'none'}", code="unsupported_media_type")
     body = await read(request, limits)
     found = json_depth.deeper_than(body, limits.max_json_depth)
     if found is not None:

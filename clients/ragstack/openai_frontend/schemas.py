@@ -25,8 +25,8 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence
                  "include_stop_str_in_output")
 # OpenAI's deprecated forms of tools: refused, pointing to tools.
 LEGACY = {"functions": "tools", "function_call": "tool_choice"}
-# Chat fields (OpenAI's, vLLM's cache_salt) for what this server does not do: refused naming the field, not
-# sent to the llm as unknown sampling keys.
+# Chat and completions fields (OpenAI's, vLLM's) for what this server does not do: refused naming the field
+# unless null or false, never sent to the llm as unknown sampling keys.
 NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's effort",
               "verbosity": "a reasoning model's verbosity", "web_search_options": "web search",
               "cache_salt": "prefix-cache isolation by salt", "chat_template": "a request's own chat template: the "
@@ -100,7 +100,8 @@ class Generation(NullMeansDefault):
     def sampling(self) -> dict[str, Any]:
         """The llm's sampling keys: those given, and the undeclared ones as they came (a null as not given)."""
         values = {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
-        return {**values, **{key: value for key, value in (self.model_extra or {}).items() if value is not None}}
+        return {**values, **{key: value for key, value in (self.model_extra or {}).items()
+                             if value is not None and key not in NOT_SERVED}}
 
     def usage_chunks(self) -> tuple[bool, bool]:
         """(a last chunk with the usage, the usage so far on every chunk): stream_options' include_usage,
@@ -116,6 +117,9 @@ class Generation(NullMeansDefault):
         return self.prompt_logprobs is not None
 
     def check_sizes(self, limits: FrontendLimits, choices: int, choices_param: str = "n") -> None:
+        for name, what in NOT_SERVED.items():
+            if (self.model_extra or {}).get(name) not in (None, False):   # false: not asked for
+                raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
         for name, default, what in self.FIXED:
             if getattr(self, name) != default:
                 raise APIError(400, f"{name}: only {json.dumps(default)} is supported ({what}), got "
@@ -227,9 +231,6 @@ class ChatRequest(Generation):
         if self.modalities is not None and self.modalities != ["text"]:
             raise APIError(400, f"modalities: the models here answer in text only, got {str(self.modalities)[:80]}",
                            "modalities")
-        for name, what in NOT_SERVED.items():
-            if (self.model_extra or {}).get(name) is not None:
-                raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
         if not self.messages:
             raise APIError(400, "messages must hold at least one message", "messages")
         if len(self.messages) > limits.max_messages:
