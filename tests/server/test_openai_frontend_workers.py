@@ -1,7 +1,7 @@
 """`python -m ragstack.openai_frontend --openai-workers 2` on the session server's gRPC port: concurrent
 requests (the openai client and raw HTTP) answered by both workers, /metrics adding up every worker's
-counts, SIGTERM to the supervisor ending the workers and freeing the port, and a worker that dies ending
-the others with the supervisor exiting 1 and saying which."""
+counts, SIGTERM to the supervisor ending the workers and freeing the port, a killed worker replaced while
+the other serves on, and a burst of connections spread over the workers."""
 from __future__ import annotations
 
 import json
@@ -178,11 +178,40 @@ def test_sigterm_to_the_supervisor_ends_the_workers_and_frees_the_port(frontend)
         socket.create_connection(("127.0.0.1", frontend.port), timeout=2).close()
 
 
-def test_a_worker_that_dies_ends_the_others_and_the_supervisor_fails(frontend):
+def test_a_killed_worker_is_replaced_and_the_frontend_serves_on(frontend):
     victim, other = frontend.workers
     os.kill(victim, signal.SIGKILL)
-    assert frontend.process.wait(timeout=15) == 1, frontend.output()
-    wait_until(lambda: not process_tree.is_alive(other), "the other worker to exit", timeout_s=5)
-    assert f"[openai] worker {victim} exited with code -9; stopping the others" in frontend.output()
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", frontend.port), timeout=2).close()
+    wait_until(lambda: re.search(rf"\[openai\] worker {victim} exited with code -9; started (\d+) in its place",
+                                 frontend.output()), "a worker in the victim's place", timeout_s=15)
+    replacement = int(re.search(rf"worker {victim} exited with code -9; started (\d+)", frontend.output()).group(1))
+    wait_until(lambda: frontend.output().count("[openai] serving the OpenAI API") > WORKERS,
+               "the replacement to serve", timeout_s=60)
+    assert frontend.process.poll() is None and process_tree.is_alive(other)
+    assert sorted(process_tree.module_pids(frontend.process.pid, "ragstack.openai_frontend")) == \
+        sorted([other, replacement])
+    # Connections go to both sockets (SO_REUSEPORT): every one is answered, the replaced socket's too.
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        statuses = list(pool.map(lambda _: exchange(f"127.0.0.1:{frontend.port}", "GET", "/v1/models")[0], range(32)))
+    assert statuses == [200] * 32
+
+
+def test_a_burst_of_connections_is_spread_over_the_workers(frontend):
+    """Each worker accepts on a socket of its own (SO_REUSEPORT): on one shared socket an idle worker took a
+    whole burst of connections, and its max_inflight turned clients away while the other worker idled."""
+    connections = [socket.create_connection(("127.0.0.1", frontend.port), timeout=10) for _ in range(32)]
+    try:
+        def accepted(pid: int) -> int:   # this worker's established connections on the API's port
+            ports = {f"{frontend.port:04X}"}
+            inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            count = 0
+            for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[1].split(":")[1] in ports and fields[3] == "01" and f"socket:[{fields[9]}]" in inodes:
+                    count += 1
+            return count
+
+        counts = settled(lambda: {pid: accepted(pid) for pid in frontend.workers}, quiet_s=0.3)
+        assert sum(counts.values()) == 32 and min(counts.values()) >= 4, counts
+    finally:
+        for connection in connections:
+            connection.close()

@@ -3,10 +3,14 @@ front of Triton's gRPC port (ragstack.openai_frontend). The API key comes from -
 $RAGSTACK_OPENAI_API_KEY; $RAGSTACK_ADMIN_KEY, where set, is what the repository calls send and what
 model load and unload ask of their callers.
 
-With --openai-workers N (> 1) this process binds the port and runs N worker processes (this module
-with --listen-fd) that accept on that one socket, each its own event loop and gRPC channel to Triton;
-their metrics go to a shared folder (prometheus_client's multiprocess mode) and each worker's /metrics
-adds them up. A signal is passed on to the workers; one that exits ends the others and this process."""
+With --openai-workers N (> 1) this process checks the port is free, binds it N times with SO_REUSEPORT and
+runs N worker processes (this module with --listen-fd), each accepting on a socket of its own with its own
+event loop and gRPC channel to Triton: the kernel spreads new connections over the sockets (on one shared
+socket, the idle worker took a whole burst while its max_inflight turned clients away). Their metrics go to
+a shared folder (prometheus_client's multiprocess mode) and each worker's /metrics adds them up. A signal is
+passed on to the workers. A worker killed by a signal (the OOM killer, a crash) is replaced on its socket,
+whose connections wait meanwhile, at most RESTARTS times a RESTART_WINDOW_S; one that exits by itself (it
+failed to start) ends the others and this process."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +24,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from prometheus_client import multiprocess
 
 from ragstack import admin_key
 from ragstack.gateway.__main__ import host_port
@@ -29,6 +34,7 @@ from ragstack.openai_frontend.app import create_app
 from ragstack.parent_death import dying_with_parent
 
 IDLE_TIMEOUT_S = 30   # a kept-alive connection without a request
+RESTARTS, RESTART_WINDOW_S = 5, 60.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if limits.workers > 1:
             return supervise(argv, sock, limits.workers)
-    config = uvicorn.Config(create_app(args.triton, limits, api_key, key), log_level="warning",
+    # h11, not httptools: under httptools a pipelining client that leaves is never seen (its generation runs on,
+    # a line logged per chunk) and an HTTP/1.0 client gets chunked streams; h11 costs no more here
+    # (bench_openai_frontend, docs/benchmarks-journal.md).
+    config = uvicorn.Config(create_app(args.triton, limits, api_key, key), log_level="warning", http="h11",
                             access_log=False, timeout_graceful_shutdown=int(args.exit_timeout),
                             timeout_keep_alive=IDLE_TIMEOUT_S, server_header=False)
     server = uvicorn.Server(config)
@@ -81,24 +90,37 @@ def listen(host: str, port: int) -> socket.socket | None:
     return sock
 
 
-def supervise(argv: list[str], sock: socket.socket, workers: int) -> int:
-    """Runs `workers` processes of this module on the bound socket; returns when they have all exited: 0
-    after SIGTERM or SIGINT (passed on to them as SIGTERM), 1 when one exited by itself (the others
-    stopped)."""
-    sock.set_inheritable(True)
+def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
+    """Runs `workers` processes of this module, each on a SO_REUSEPORT socket of its own at the address
+    `probe` holds; returns when they have all exited: 0 after SIGTERM or SIGINT (passed on to them as
+    SIGTERM), 1 when one exited by itself or died too often (the others stopped)."""
+    host, port = probe.getsockname()[:2]
+    family = probe.family
+    probe.close()   # bound without SO_REUSEPORT: nothing else held the port, and now these may share it
+    try:
+        sockets = [socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
+                   for _ in range(workers)]
+    except OSError as exc:
+        print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
+        return 1
     with tempfile.TemporaryDirectory(prefix="ragstack-openai-metrics-") as metrics_dir:
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
-        command = [sys.executable, "-m", "ragstack.openai_frontend", *argv, "--listen-fd", str(sock.fileno())]
-        procs = [subprocess.Popen(dying_with_parent(command), pass_fds=[sock.fileno()], env=env)
-                 for _ in range(workers)]
-        sock.close()
+
+        def start(sock: socket.socket) -> subprocess.Popen:
+            command = [sys.executable, "-m", "ragstack.openai_frontend", *argv, "--listen-fd", str(sock.fileno())]
+            return subprocess.Popen(dying_with_parent(command), pass_fds=[sock.fileno()], env=env)
+
+        procs = [start(sock) for sock in sockets]
         print(f"[openai] {workers} workers (pids {', '.join(str(p.pid) for p in procs)})", file=sys.stderr,
               flush=True)
         stopping = failed = False
+        restarts: list[float] = []
 
         def stop(signum=signal.SIGTERM, _frame=None) -> None:
             nonlocal stopping
             stopping = True
+            for sock in sockets:   # new connections are refused, not queued for workers that are leaving
+                sock.close()
             for proc in procs:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
@@ -106,13 +128,26 @@ def supervise(argv: list[str], sock: socket.socket, workers: int) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, stop)
         while any(proc.poll() is None for proc in procs):
-            if not stopping and any(proc.poll() is not None for proc in procs):
-                gone = next(proc for proc in procs if proc.poll() is not None)
-                print(f"[openai] worker {gone.pid} exited with code {gone.returncode}; stopping the others",
+            for i, proc in enumerate(procs):
+                if stopping or proc.poll() is None:
+                    continue
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < RESTART_WINDOW_S]
+                if proc.returncode < 0 and len(restarts) < RESTARTS:   # killed: replaced on its socket
+                    restarts.append(now)
+                    multiprocess.mark_process_dead(proc.pid, metrics_dir)   # its live gauges (in flight)
+                    procs[i] = start(sockets[i])
+                    print(f"[openai] worker {proc.pid} exited with code {proc.returncode}; started {procs[i].pid} "
+                          "in its place", file=sys.stderr, flush=True)
+                    continue
+                why = "" if proc.returncode >= 0 else f", after {RESTARTS} replaced in {RESTART_WINDOW_S:g} s"
+                print(f"[openai] worker {proc.pid} exited with code {proc.returncode}{why}; stopping the others",
                       file=sys.stderr, flush=True)
                 failed = True
                 stop()
             time.sleep(0.2)
+        for sock in sockets:
+            sock.close()
     # A worker stopped by the SIGTERM passed on exits by it: uvicorn raises the signal again once it has
     # shut down (or it came before uvicorn's handler), a clean stop like 0.
     return 1 if failed or any(proc.returncode not in (0, -signal.SIGTERM) for proc in procs) else 0

@@ -75,7 +75,8 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     answer = Answer(f"chatcmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name, usage,
                     *body.usage_chunks(), tool_plan, prompt_logprobs)
     if body.stream:
-        return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
+        return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer,
+                                      frontend.limits.write_timeout_s)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
     return JSONResponse(answer.whole(choices))
 

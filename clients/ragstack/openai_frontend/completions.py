@@ -53,7 +53,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
                     Usage(True, prompts=len(prompts), n=body.n), *body.usage_chunks(), body.logprobs, vllm_field,
                     body.echo_only())
     if body.stream:
-        return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer)
+        return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer,
+                                      frontend.limits.write_timeout_s)
     choices = await unless_gone(request, generation.collected(frontend.triton, requests))
     return JSONResponse(answer.whole(choices))
 

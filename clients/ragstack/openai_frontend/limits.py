@@ -29,6 +29,9 @@ class FrontendLimits:
     max_json_depth: int = _knob(32, "deepest JSON nesting of a request body")
     # A stalled body holds one of max_inflight's places: bounded as the gateway bounds it.
     body_timeout_s: float = _knob(30.0, "longest pause in a request body in seconds (408 beyond)")
+    # A stream whose client reads nothing holds a place of max_inflight too (nginx's send_timeout: 60 s).
+    write_timeout_s: float = _knob(60.0, "longest a streamed answer waits on a client that reads none of it, in "
+                                   "seconds (the stream ends)")
     max_inflight: int = _knob(1024, "requests served at once, by each worker; past it 503 with Retry-After")
     # Each choice is one llm request: n, or prompts x n for completions.
     max_choices: int = _knob(64, "choices one request may ask for (n, or prompts x n)")

@@ -37,14 +37,14 @@ def event(chunk: dict) -> bytes:
 
 
 async def answer(request: Request, stream: AsyncIterator[list[tuple[int, Piece]]], choices: int,
-                 chunks: Chunks) -> EventStream:
-    """`stream`: generation.merged's batches of pieces."""
+                 chunks: Chunks, write_timeout_s: float) -> EventStream:
+    """`stream`: generation.merged's batches of pieces; write_timeout_s: FrontendLimits'."""
     try:
         first = await unless_gone(request, _until_each_started(stream, choices))
     except BaseException:
         await stream.aclose()
         raise
-    return EventStream(_events(request, first, stream, chunks))
+    return EventStream(_events(request, first, stream, chunks), write_timeout_s)
 
 
 async def _until_each_started(stream: AsyncIterator[list[tuple[int, Piece]]],
