@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import multiprocess
 
-from ragstack import admin_key
+from ragstack import admin_key, process_tree
 from ragstack.gateway.__main__ import host_port
 from ragstack.openai_frontend import keys
 from ragstack.openai_frontend import limits as frontend_limits
@@ -35,6 +36,7 @@ from ragstack.parent_death import dying_with_parent
 
 IDLE_TIMEOUT_S = 30   # a kept-alive connection without a request
 RESTARTS, RESTART_WINDOW_S = 5, 60.0
+METRICS_PREFIX = "ragstack-openai-metrics-"   # then the supervisor's pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +105,8 @@ def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
     except OSError as exc:
         print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return 1
-    with tempfile.TemporaryDirectory(prefix="ragstack-openai-metrics-") as metrics_dir:
+    _remove_orphaned_metrics()
+    with tempfile.TemporaryDirectory(prefix=f"{METRICS_PREFIX}{os.getpid()}-") as metrics_dir:
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
 
         def start(sock: socket.socket) -> subprocess.Popen:
@@ -151,6 +154,14 @@ def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
     # A worker stopped by the SIGTERM passed on exits by it: uvicorn raises the signal again once it has
     # shut down (or it came before uvicorn's handler), a clean stop like 0.
     return 1 if failed or any(proc.returncode not in (0, -signal.SIGTERM) for proc in procs) else 0
+
+
+def _remove_orphaned_metrics() -> None:
+    """The metrics folders of supervisors that were killed (SIGKILL skips their clean-up): each names its pid."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{METRICS_PREFIX}*"):
+        pid = folder.name.removeprefix(METRICS_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not process_tree.is_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
