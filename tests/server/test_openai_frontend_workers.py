@@ -1,7 +1,7 @@
 """`python -m ragstack.openai_frontend --openai-workers 2` on the session server's gRPC port: concurrent
 requests (the openai client and raw HTTP) answered by both workers, /metrics adding up every worker's
 counts, SIGTERM to the supervisor ending the workers and freeing the port, a killed worker replaced while
-the other serves on, and a burst of connections spread over the workers."""
+the other serves on, and max_inflight holding for the workers together."""
 from __future__ import annotations
 
 import json
@@ -24,12 +24,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from ragstack import process_tree
 from ragstack.launcher import free_port
-from raw_http import exchange
+from raw_http import exchange, request_bytes
 from server_helpers import settled, wait_until
 
 pytestmark = pytest.mark.server
 WORKERS = 2
 PARALLEL = 8
+TIGHT = 2   # max_inflight a worker
 REQUESTS = "ragstack_openai_requests_total"
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -51,11 +52,20 @@ class Frontend:
 
 @pytest.fixture()
 def frontend(triton_server, tmp_path):
+    yield from _frontend(triton_server, tmp_path)
+
+
+@pytest.fixture()
+def tight_frontend(triton_server, tmp_path):
+    yield from _frontend(triton_server, tmp_path, "--openai-max-inflight", str(TIGHT))
+
+
+def _frontend(triton_server, tmp_path, *extra: str):
     port, log = free_port(), tmp_path / "openai.log"
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "ragstack.openai_frontend", "--listen", f"127.0.0.1:{port}",
-             "--triton", triton_server.grpc_url, "--openai-workers", str(WORKERS), "--exit-timeout", "5"],
+             "--triton", triton_server.grpc_url, "--openai-workers", str(WORKERS), "--exit-timeout", "5", *extra],
             stdout=out, stderr=subprocess.STDOUT)
     started = Frontend(process, port, [], log)
     try:
@@ -189,29 +199,33 @@ def test_a_killed_worker_is_replaced_and_the_frontend_serves_on(frontend):
     assert frontend.process.poll() is None and process_tree.is_alive(other)
     assert sorted(process_tree.module_pids(frontend.process.pid, "ragstack.openai_frontend")) == \
         sorted([other, replacement])
-    # Connections go to both sockets (SO_REUSEPORT): every one is answered, the replaced socket's too.
+    # The replacement accepts on the shared socket: every connection is answered.
     with ThreadPoolExecutor(PARALLEL) as pool:
         statuses = list(pool.map(lambda _: exchange(f"127.0.0.1:{frontend.port}", "GET", "/v1/models")[0], range(32)))
     assert statuses == [200] * 32
 
 
-def test_a_burst_of_connections_is_spread_over_the_workers(frontend):
-    """Each worker accepts on a socket of its own (SO_REUSEPORT): on one shared socket an idle worker took a
-    whole burst of connections, and its max_inflight turned clients away while the other worker idled."""
-    connections = [socket.create_connection(("127.0.0.1", frontend.port), timeout=10) for _ in range(32)]
+def test_max_inflight_holds_for_the_workers_together_wherever_the_connections_land(tight_frontend):
+    """The kernel gives a burst of new connections to whichever worker is awake (often one takes them all):
+    the workers admit WORKERS x max_inflight requests together, and refuse the next whichever worker has it."""
+    body = json.dumps({"model": "llm", "messages": HELLO, "max_tokens": 1500, "ignore_eos": True,
+                       "stream": True}).encode()
+    streams = []
     try:
-        def accepted(pid: int) -> int:   # this worker's established connections on the API's port
-            ports = {f"{frontend.port:04X}"}
-            inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-            count = 0
-            for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[1].split(":")[1] in ports and fields[3] == "01" and f"socket:[{fields[9]}]" in inodes:
-                    count += 1
-            return count
-
-        counts = settled(lambda: {pid: accepted(pid) for pid in frontend.workers}, quiet_s=0.3)
-        assert sum(counts.values()) == 32 and min(counts.values()) >= 4, counts
+        for _ in range(WORKERS * TIGHT):
+            sock = socket.create_connection(("127.0.0.1", tight_frontend.port), timeout=30)
+            sock.sendall(request_bytes("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"}))
+            assert sock.recv(64).startswith(b"HTTP/1.1 200"), "admitted while the others run"
+            streams.append(sock)
+        status, headers, answer = exchange(f"127.0.0.1:{tight_frontend.port}", "POST", "/v1/chat/completions",
+                                           body, {"Content-Type": "application/json"})
+        assert status == 503 and headers["retry-after"] == "1", answer
+        assert f"{WORKERS * TIGHT} requests in flight, the limit (max_inflight)" in json.loads(answer)["error"][
+            "message"]
     finally:
-        for connection in connections:
-            connection.close()
+        for sock in streams:
+            sock.close()
+    wait_until(lambda: exchange(f"127.0.0.1:{tight_frontend.port}", "POST", "/v1/chat/completions",
+                                json.dumps({"model": "llm", "messages": HELLO, "max_tokens": 2}).encode(),
+                                {"Content-Type": "application/json"})[0] == 200,
+               "the places to be free again", timeout_s=30)

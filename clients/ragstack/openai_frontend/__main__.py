@@ -3,14 +3,12 @@ front of Triton's gRPC port (ragstack.openai_frontend). The API key comes from -
 $RAGSTACK_OPENAI_API_KEY; $RAGSTACK_ADMIN_KEY, where set, is what the repository calls send and what
 model load and unload ask of their callers.
 
-With --openai-workers N (> 1) this process checks the port is free, binds it N times with SO_REUSEPORT and
-runs N worker processes (this module with --listen-fd), each accepting on a socket of its own with its own
-event loop and gRPC channel to Triton: the kernel spreads new connections over the sockets (on one shared
-socket, the idle worker took a whole burst while its max_inflight turned clients away). Their metrics go to
-a shared folder (prometheus_client's multiprocess mode) and each worker's /metrics adds them up. A signal is
-passed on to the workers. A worker killed by a signal (the OOM killer, a crash) is replaced on its socket,
-whose connections wait meanwhile, at most RESTARTS times a RESTART_WINDOW_S; one that exits by itself (it
-failed to start) ends the others and this process."""
+With --openai-workers N (> 1) this process binds the port and runs N worker processes (this module
+with --listen-fd) that accept on that one socket, each its own event loop and gRPC channel to Triton;
+their metrics go to a shared folder (prometheus_client's multiprocess mode) and each worker's /metrics
+adds them up, and they share the count of requests in flight (inflight.py). A signal is passed on to the
+workers. A worker killed by a signal (the OOM killer, a crash) is replaced, at most RESTARTS times a
+RESTART_WINDOW_S; one that exits by itself (it failed to start) ends the others and this process."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +27,7 @@ from prometheus_client import multiprocess
 
 from ragstack import admin_key, process_tree
 from ragstack.gateway.__main__ import host_port
-from ragstack.openai_frontend import keys
+from ragstack.openai_frontend import inflight, keys
 from ragstack.openai_frontend import limits as frontend_limits
 from ragstack.openai_frontend.app import create_app
 from ragstack.parent_death import dying_with_parent
@@ -92,28 +90,22 @@ def listen(host: str, port: int) -> socket.socket | None:
     return sock
 
 
-def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
-    """Runs `workers` processes of this module, each on a SO_REUSEPORT socket of its own at the address
-    `probe` holds; returns when they have all exited: 0 after SIGTERM or SIGINT (passed on to them as
-    SIGTERM), 1 when one exited by itself or died too often (the others stopped)."""
-    host, port = probe.getsockname()[:2]
-    family = probe.family
-    probe.close()   # bound without SO_REUSEPORT: nothing else held the port, and now these may share it
-    try:
-        sockets = [socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
-                   for _ in range(workers)]
-    except OSError as exc:
-        print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
-        return 1
+def supervise(argv: list[str], sock: socket.socket, workers: int) -> int:
+    """Runs `workers` processes of this module on the bound socket; returns when they have all exited: 0
+    after SIGTERM or SIGINT (passed on to them as SIGTERM), 1 when one exited by itself or died too often
+    (the others stopped)."""
     _remove_orphaned_metrics()
     with tempfile.TemporaryDirectory(prefix=f"{METRICS_PREFIX}{os.getpid()}-") as metrics_dir:
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        counts = os.path.join(metrics_dir, "inflight")
+        inflight.create_file(counts, workers)
 
-        def start(sock: socket.socket) -> subprocess.Popen:
+        def start(index: int) -> subprocess.Popen:
+            env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+                   inflight.ENV: f"{counts}:{index}:{workers}"}
             command = [sys.executable, "-m", "ragstack.openai_frontend", *argv, "--listen-fd", str(sock.fileno())]
             return subprocess.Popen(dying_with_parent(command), pass_fds=[sock.fileno()], env=env)
 
-        procs = [start(sock) for sock in sockets]
+        procs = [start(i) for i in range(workers)]
         print(f"[openai] {workers} workers (pids {', '.join(str(p.pid) for p in procs)})", file=sys.stderr,
               flush=True)
         stopping = failed = False
@@ -122,8 +114,7 @@ def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
         def stop(signum=signal.SIGTERM, _frame=None) -> None:
             nonlocal stopping
             stopping = True
-            for sock in sockets:   # new connections are refused, not queued for workers that are leaving
-                sock.close()
+            sock.close()   # kept for replacements until now; new connections are refused, not queued
             for proc in procs:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
@@ -136,10 +127,10 @@ def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
                     continue
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < RESTART_WINDOW_S]
-                if proc.returncode < 0 and len(restarts) < RESTARTS:   # killed: replaced on its socket
+                if proc.returncode < 0 and len(restarts) < RESTARTS:   # killed: replaced
                     restarts.append(now)
                     multiprocess.mark_process_dead(proc.pid, metrics_dir)   # its live gauges (in flight)
-                    procs[i] = start(sockets[i])
+                    procs[i] = start(i)
                     print(f"[openai] worker {proc.pid} exited with code {proc.returncode}; started {procs[i].pid} "
                           "in its place", file=sys.stderr, flush=True)
                     continue
@@ -149,8 +140,7 @@ def supervise(argv: list[str], probe: socket.socket, workers: int) -> int:
                 failed = True
                 stop()
             time.sleep(0.2)
-        for sock in sockets:
-            sock.close()
+        sock.close()
     # A worker stopped by the SIGTERM passed on exits by it: uvicorn raises the signal again once it has
     # shut down (or it came before uvicorn's handler), a clean stop like 0.
     return 1 if failed or any(proc.returncode not in (0, -signal.SIGTERM) for proc in procs) else 0

@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ragstack import admin_key
-from ragstack.openai_frontend import keys, metrics, models
+from ragstack.openai_frontend import inflight, keys, metrics, models
 from ragstack.openai_frontend.chat import chat_completions
 from ragstack.openai_frontend.completions import completions
 from ragstack.openai_frontend.disconnect import CLIENT_GONE, ClientGone
@@ -42,7 +42,7 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     app = FastAPI(title="ragstack OpenAI-compatible API", lifespan=lifespan, openapi_url=None, docs_url=None,
                   redoc_url=None)
     app.add_middleware(InternalErrors)   # innermost: the guard and the metrics see its 500s
-    app.add_middleware(Guard, max_inflight=limits.max_inflight, api_key=api_key)
+    app.add_middleware(Guard, inflight=inflight.from_environment(limits.max_inflight), api_key=api_key)
     app.add_middleware(metrics.Metrics)   # it sees the guard's refusals too
     if limits.origins():   # outermost: a browser's preflight carries no key, and every answer needs the headers
         app.add_middleware(CORSMiddleware, allow_origins=limits.origins(), allow_methods=["*"], allow_headers=["*"])

@@ -7,14 +7,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ragstack.openai_frontend import keys
 from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.inflight import Inflight
 
 OPEN = ("/health", "/ping", "/version", "/metrics")
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, max_inflight: int, api_key: str | None):
-        self.app, self.max_inflight, self.api_key = app, max_inflight, api_key
-        self.inflight = 0
+    def __init__(self, app: ASGIApp, inflight: Inflight, api_key: str | None):
+        self.app, self.inflight, self.api_key = app, inflight, api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN:
@@ -23,14 +23,14 @@ class Guard:
         try:
             headers = dict(scope["headers"])
             keys.check_bearer(headers.get(b"authorization", b"").decode("latin-1"), self.api_key)
-            if self.inflight >= self.max_inflight:
-                raise APIError(503, f"{self.inflight} requests in flight, the limit (max_inflight); retry later",
-                               code="overloaded")
+            if self.inflight.full():
+                raise APIError(503, f"{self.inflight.total()} requests in flight, the limit (max_inflight); retry "
+                                    "later", code="overloaded")
         except APIError as exc:
             await exc.response()(scope, receive, send)
             return
-        self.inflight += 1
+        self.inflight.add(1)
         try:
             await self.app(scope, receive, send)
         finally:
-            self.inflight -= 1
+            self.inflight.add(-1)

@@ -32,7 +32,8 @@ class FrontendLimits:
     # A stream whose client reads nothing holds a place of max_inflight too (nginx's send_timeout: 60 s).
     write_timeout_s: float = _knob(60.0, "longest a streamed answer waits on a client that reads none of it, in "
                                    "seconds (the stream ends)")
-    max_inflight: int = _knob(1024, "requests served at once, by each worker; past it 503 with Retry-After")
+    max_inflight: int = _knob(1024, "requests served at once, per worker (the workers hold N x it together); past "
+                              "it 503 with Retry-After")
     # Each choice is one llm request: n, or prompts x n for completions.
     max_choices: int = _knob(64, "choices one request may ask for (n, or prompts x n)")
     max_messages: int = _knob(1024, "chat messages per request")
