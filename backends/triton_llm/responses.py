@@ -83,8 +83,8 @@ class ResponseBuilder:
             last = final and i == len(tokens) - 1
             self._pieces.add_token(token, check_stop=False, last=last)
             piece = self._pieces.emit(finished=last)
-            # An alternative is no part of the text: a special one shows its own text (vLLM's), so two
-            # never read alike; the sampled token reads as its piece of the text.
+            # An alternative is no part of the text: a special one shows its own text (vLLM's), so special
+            # tokens no longer all read ""; the sampled token reads as its piece of the text.
             entry = {str(t): {"logprob": finite(lp), "rank": rank + 1, "decoded_token": decode([t], False),
                               "bytes": token_bytes(t, False)} for rank, (t, lp) in enumerate(top.top.items())}
             entry[str(token)] = {"logprob": finite(logprob), "rank": top.rank, "decoded_token": piece,

@@ -133,6 +133,10 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
      "max_completion_tokens", "max_completion_tokens must be >= 1, got 0"),
     ("/v1/completions", {"model": "llm", "prompt": "x", "cache_salt": "s"}, 400, "cache_salt",
      "'cache_salt' is not supported by this server (prefix-cache isolation by salt)"),
+    ("/v1/completions", {"model": "llm", "prompt": "x", "logits_processors": 0}, 400, "logits_processors",
+     "'logits_processors' is not supported"),   # only JSON's false passes as not asked for
+    ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "foo-bar": 1}, 400, "foo-bar",
+     "unknown sampling parameter(s) ['foo-bar']"),
 ])
 def test_errors_are_openai_error_objects_naming_the_parameter(triton_server, path, body, status, param, words):
     generates = path in ("/v1/chat/completions", "/v1/completions")
@@ -214,6 +218,7 @@ def test_a_lone_surrogate_in_a_tool_calls_arguments_is_refused_naming_them(trito
     ('{"a": ' + "[" * 10 + "]" * 10 + "}", 400, "function.arguments nests 11 levels deep; the limit there is 10"),
     ('{"a": ' + "[" * 3000 + "]" * 3000 + "}", 400, "nests 3001 levels deep"),   # was a RecursionError
     ('{"a": NaN}', 400, "function.arguments is not valid JSON: NaN is not a JSON number"),
+    (json.loads('{"a": ' + "[" * 10 + "]" * 10 + "}"), 400, "nests 11 levels deep; the limit there is 10"),  # an object
 ])
 def test_a_tool_calls_arguments_are_parsed_as_strictly_as_the_body(triton_server, arguments, status, words):
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}

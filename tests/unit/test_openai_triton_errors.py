@@ -31,3 +31,11 @@ def test_a_refusal_reads_in_the_request_fields_words():
     error = from_triton("structured output: the constraint allows no output", "StatusCode.INVALID_ARGUMENT",
                         {"structured": "response_format"})
     assert (error.param, error.message) == ("response_format", "structured output: the constraint allows no output")
+
+
+def test_an_unknown_key_is_named_whole_whatever_its_characters():
+    for key in ("foo-bar", "x.y", "é-x"):
+        message = f"unknown sampling parameter(s) ['{key}']; known: ['max_tokens']"
+        assert from_triton(message, "StatusCode.INVALID_ARGUMENT").param == key
+    cut = "unknown sampling parameter(s) ['" + "k" * 61 + "...', 'x0'] and 3 more; known: ['max_tokens']"
+    assert from_triton(cut, "StatusCode.INVALID_ARGUMENT").param == "k" * 61

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.listen_fd is not None:
         sock = socket.socket(fileno=args.listen_fd)
     else:
-        sock = listen(host, port)
+        sock = listen(host, port, limits.write_timeout_s)
         if sock is None:
             return 1
         if limits.workers > 1:
@@ -77,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if server.started else 1
 
 
-def listen(host: str, port: int) -> socket.socket | None:
+def listen(host: str, port: int, write_timeout_s: float) -> socket.socket | None:
     """The API's socket, bound here rather than by uvicorn so that the address it got (port 0: any free
-    one) is logged once it is bound; None (said why) if it cannot be."""
+    one) is logged once it is bound; None (said why) if it cannot be. Its connections inherit a
+    TCP_USER_TIMEOUT of write_timeout_s: a stream ended for a client that takes nothing (disconnect.py)
+    leaves asyncio closing the socket only once its unsent bytes are gone, and this has the kernel drop it."""
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                     backlog=2048)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):   # Linux
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(write_timeout_s * 1000))
     except OSError as exc:
         print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return None
@@ -108,28 +112,25 @@ def supervise(argv: list[str], sock: socket.socket, workers: int) -> int:
         procs = [start(i) for i in range(workers)]
         print(f"[openai] {workers} workers (pids {', '.join(str(p.pid) for p in procs)})", file=sys.stderr,
               flush=True)
-        stopping = failed = False
-        restarts: list[float] = []
+        failed, stop_signal, restarts = False, None, []
 
-        def stop(signum=signal.SIGTERM, _frame=None) -> None:
-            nonlocal stopping
-            stopping = True
-            sock.close()   # kept for replacements until now; new connections are refused, not queued
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+        def stop(signum=signal.SIGTERM, _frame=None) -> None:   # the loop acts on it: no replacement half done
+            nonlocal stop_signal
+            stop_signal = stop_signal or (signal.SIGTERM if signum == signal.SIGINT else signum)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, stop)
+        stopped = False
         while any(proc.poll() is None for proc in procs):
             for i, proc in enumerate(procs):
-                if stopping or proc.poll() is None:
+                if stop_signal or proc.poll() is None:
                     continue
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < RESTART_WINDOW_S]
                 if proc.returncode < 0 and len(restarts) < RESTARTS:   # killed: replaced
                     restarts.append(now)
                     multiprocess.mark_process_dead(proc.pid, metrics_dir)   # its live gauges (in flight)
+                    inflight.clear(counts, i)   # its requests are gone: the others may admit theirs
                     procs[i] = start(i)
                     print(f"[openai] worker {proc.pid} exited with code {proc.returncode}; started {procs[i].pid} "
                           "in its place", file=sys.stderr, flush=True)
@@ -139,6 +140,12 @@ def supervise(argv: list[str], sock: socket.socket, workers: int) -> int:
                       file=sys.stderr, flush=True)
                 failed = True
                 stop()
+            if stop_signal and not stopped:
+                stopped = True
+                sock.close()   # kept for replacements until now; new connections are refused, not queued
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.send_signal(stop_signal)
             time.sleep(0.2)
         sock.close()
     # A worker stopped by the SIGTERM passed on exits by it: uvicorn raises the signal again once it has

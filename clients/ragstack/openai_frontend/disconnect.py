@@ -3,8 +3,9 @@ and whichever ends first ends the other. Cancelling the work closes its Triton s
 
 Streamed answers are EventStream responses: the events are sent as they come, and the watch runs from
 the first byte to the last, also while no event is due (a request still queued, or in retrieval). A client
-that reads nothing for write_timeout_s is taken as gone too: its stream would hold a place of max_inflight
-for as long as it holds its connection.
+whose stream's write has waited write_timeout_s (the socket's buffers full: it reads nothing) is taken as gone
+too: its stream would hold a place of max_inflight for as long as it holds its connection. The response is
+left unfinished; the socket itself goes once the kernel gives up on it (TCP_USER_TIMEOUT, __main__.listen).
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ class EventStream(StreamingResponse):
         try:
             await _first(self._send_all(send), receive, self._stalled())
         except ClientStalled:
-            log.warning("%s: the client read nothing for %g s (write_timeout_s); its stream was ended",
-                        scope.get("path"), self.write_timeout_s)
+            log.warning("%s: a write waited %g s on a client that reads nothing (write_timeout_s); its stream "
+                        "was ended", scope.get("path"), self.write_timeout_s)
             scope.setdefault("state", {}).setdefault("error_status", CLIENT_GONE)
         except (ClientGone, OSError):   # counted as a request the client left (metrics), unless it had failed
             scope.setdefault("state", {}).setdefault("error_status", CLIENT_GONE)

@@ -21,7 +21,7 @@ _WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running
 # A key the llm names as unknown (the first; a long name cut to 61 characters) or not implemented:
 # "unknown sampling parameter(s) ['foo']",
 # "sampling_parameters: 'best_of' is a vLLM sampling parameter this engine does not implement".
-_NAMED_KEY = re.compile(r"parameter\(s\) \['(\w+)|^(?:sampling_parameters|parameters): '(\w+)'")
+_NAMED_KEY = re.compile(r"parameter\(s\) \['([^'\\]+?)(?:\.\.\.)?'|^(?:sampling_parameters|parameters): '(\w+)'")
 # The llm's two refusals of a prompt and max_tokens past its context (llm_engine/engine/input_processor.py),
 # and rag's (ragstack.prompt_budget: "the llm's max_model_len=N minus max_tokens=M leaves ...").
 _CONTEXT = re.compile(r"shorter than max_model_len=(\d+)|max_model_len=(\d+) minus")

@@ -49,6 +49,13 @@ def create_file(path: str, workers: int) -> None:
         file.write(bytes(SLOT.size * workers))
 
 
+def clear(path: str, index: int) -> None:
+    """A dead worker's slot, zeroed by the supervisor before its replacement starts."""
+    with open(path, "r+b") as file:
+        file.seek(SLOT.size * index)
+        file.write(SLOT.pack(0))
+
+
 def from_environment(max_inflight: int) -> Inflight:
     """The worker's shared count where the supervisor set one up, else a count of this process's own."""
     value = os.environ.get(ENV)

@@ -98,23 +98,9 @@ async def described(triton: Triton, name: str, config: dict) -> dict:
     it runs."""
     length = _max_model_len(config)
     if length is None and kind_of(config).kind == "rag":
-        length = await _llm_max_model_len(triton, config, depth=2)
+        lengths = [_max_model_len(await triton.config(llm)) for llm in await triton.llms_behind(name)]
+        length = next((n for n in lengths if n is not None), None)
     return model_object(name, length)
-
-
-async def _llm_max_model_len(triton: Triton, config: dict | None, depth: int) -> int | None:
-    """The max_model_len of the llm behind a model: its own, else that of a model its ensemble steps run or
-    its `llm_model` parameter names (the rag ensemble's rag_generate step), `depth` models down."""
-    length = _max_model_len(config)
-    if length is not None or config is None or depth == 0:
-        return length
-    names = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
-    llm = config.get("parameters", {}).get("llm_model", {}).get("string_value")
-    for name in names + ([llm] if llm else []):
-        length = await _llm_max_model_len(triton, await triton.config(name), depth - 1)
-        if length is not None:
-            return length
-    return None
 
 
 async def _loaded(triton: Triton) -> list[tuple[Served, dict]]:

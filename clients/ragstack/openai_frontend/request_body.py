@@ -1,8 +1,8 @@
 """A request's body, bounded before it is parsed: its media type (application/json), its size
 (max_body_bytes, counted as it arrives), its pauses (body_timeout_s), its JSON nesting (max_json_depth,
-counted without parsing: Python's parser recurses), then its JSON (strict: UTF-8, no NaN, Infinity or number past a double's range, no string
-holding a lone surrogate, which no text encoding can carry on) and its fields (a pydantic model). Every
-refusal names the limit or the field."""
+counted without parsing: Python's parser recurses), then its JSON (strict: UTF-8, no NaN, Infinity or
+number past a double's range, no string holding a lone surrogate, which no text encoding can carry on) and
+its fields (a pydantic model). Every refusal names the limit or the field."""
 from __future__ import annotations
 
 import asyncio

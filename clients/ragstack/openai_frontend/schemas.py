@@ -118,7 +118,8 @@ class Generation(NullMeansDefault):
 
     def check_sizes(self, limits: FrontendLimits, choices: int, choices_param: str = "n") -> None:
         for name, what in NOT_SERVED.items():
-            if (self.model_extra or {}).get(name) not in (None, False):   # false: not asked for
+            value = (self.model_extra or {}).get(name)
+            if value is not None and value is not False:   # JSON's false: not asked for (0 is no false)
                 raise APIError(400, f"'{name}' is not supported by this server ({what})", name)
         for name, default, what in self.FIXED:
             if getattr(self, name) != default:

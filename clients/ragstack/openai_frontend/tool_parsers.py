@@ -469,8 +469,8 @@ def joined(entries: list[dict]) -> list[dict]:
     for entry in entries:
         if out and out[-1]["index"] == entry["index"] and "id" not in entry:
             last = out[-1]
-            out[-1] = {**last, "function": {**last["function"],
-                                            "arguments": last["function"]["arguments"] + entry["function"]["arguments"]}}
+            arguments = last["function"]["arguments"] + entry["function"]["arguments"]
+            out[-1] = {**last, "function": {**last["function"], "arguments": arguments}}
         else:
             out.append(entry)
     return out

@@ -165,6 +165,8 @@ def tool_calls_message(message: Any, at: str) -> list[dict]:
         if isinstance(arguments, str):   # JSON text inside the body's JSON
             arguments = json_text(arguments, f"{where}.function.arguments", ARGUMENTS_DEPTH) \
                 if arguments.strip() else {}
+        elif isinstance(arguments, dict):   # an object as it is, within the same depth
+            json_text(json.dumps(arguments), f"{where}.function.arguments", ARGUMENTS_DEPTH)
         if not isinstance(arguments, dict):
             raise APIError(400, f"{where}.function.arguments must be the JSON text of an object",
                            f"{where}.function.arguments")
