@@ -29,7 +29,6 @@ from ragstack.openai_frontend.tokenization import detokenize, tokenize
 from ragstack.openai_frontend.triton import Triton
 
 
-
 def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None, key: str | None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -17,9 +17,9 @@ import numpy as np
 
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
+from ragstack.openai_frontend.limits import LLM_JSON_BYTES, LLM_JSON_DEPTH
 from ragstack.openai_frontend.logprobs import Matcher, TokenLogprob
 from ragstack.openai_frontend.models import Served
-from ragstack.openai_frontend.limits import LLM_JSON_BYTES, LLM_JSON_DEPTH
 from ragstack.openai_frontend.triton import Triton
 
 CANCEL_KEY, ABORT_KEY = "ragstack_cancel_key", "ragstack_abort"   # backends/triton_llm/llm_request.py
@@ -148,7 +148,8 @@ def check_sampling_size(sampling: dict, asked: dict, constrained_by: str | None)
 
 def _depth(value) -> int:
     """Levels below a JSON value: 0 for a scalar or an empty list or object (the request's own depth limit
-    bounds the recursion)."""
+    bounds the recursion). Counted on the value, not with gateway.json_depth on its text: the llm's parser
+    counts a scalar as a level of its own, and a count of brackets cannot tell a scalar from an empty list."""
     children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
     return 0 if not children else 1 + max(map(_depth, children))
 
@@ -162,7 +163,7 @@ def seeded(sampling: dict, n: int) -> list[dict]:
     if isinstance(seed, int) and not -2**63 <= seed < 2**63:   # refused before wrapping turns it into another
         given = str(seed) if len(str(seed)) <= 40 else f"{str(seed)[:37]}..."
         raise APIError(400, f"seed must fit in 64 bits ({-2**63} to {2**63 - 1}), got {given}", "seed")
-    return [{**sampling, "seed": (sampling["seed"] + i + 2**63) % 2**64 - 2**63} for i in range(n)]
+    return [{**sampling, "seed": (seed + i + 2**63) % 2**64 - 2**63} for i in range(n)]
 
 
 async def pieces(triton: Triton, request: Request) -> AsyncIterator[Piece]:

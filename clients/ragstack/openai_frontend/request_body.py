@@ -115,12 +115,17 @@ def refuse_surrogates(value, param: str = "") -> None:
                 refuse_surrogates(item, f"{param}[{i}]")
 
 
+def refuse_deeper(text: bytes, param: str, max_depth: int) -> None:
+    """A 400 naming `param` when the JSON `text` nests more than max_depth levels of lists and objects."""
+    found = json_depth.deeper_than(text, max_depth)
+    if found is not None:
+        raise APIError(400, f"{param} nests {found} levels deep; the limit there is {max_depth}", param)
+
+
 def json_text(text: str, param: str, max_depth: int):
     """JSON text inside the body's JSON (a tool call's arguments), parsed as strictly as the body: at most
     max_depth levels of lists and objects, no NaN, Infinity or lone surrogate; else a 400 naming `param`."""
-    found = json_depth.deeper_than(text.encode("utf-8", "surrogatepass"), max_depth)
-    if found is not None:
-        raise APIError(400, f"{param} nests {found} levels deep; the limit there is {max_depth}", param)
+    refuse_deeper(text.encode("utf-8", "surrogatepass"), param, max_depth)
     try:
         value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except ValueError as exc:

@@ -27,9 +27,9 @@ from typing import Any
 from ragstack.openai_frontend import tool_grammar, tool_parsers, tool_schema
 from ragstack.openai_frontend import triton as t
 from ragstack.openai_frontend.errors import APIError
-from ragstack.openai_frontend.structured import schema_text
-from ragstack.openai_frontend.request_body import json_text
 from ragstack.openai_frontend.limits import LLM_JSON_DEPTH
+from ragstack.openai_frontend.request_body import json_text, refuse_deeper
+from ragstack.openai_frontend.structured import schema_text
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 128                                     # OpenAI's; the llm's chat_tools.MAX_TOOLS
@@ -165,8 +165,8 @@ def tool_calls_message(message: Any, at: str) -> list[dict]:
         if isinstance(arguments, str):   # JSON text inside the body's JSON
             arguments = json_text(arguments, f"{where}.function.arguments", ARGUMENTS_DEPTH) \
                 if arguments.strip() else {}
-        elif isinstance(arguments, dict):   # an object as it is, within the same depth
-            json_text(json.dumps(arguments), f"{where}.function.arguments", ARGUMENTS_DEPTH)
+        elif isinstance(arguments, dict):   # an object as it is (the body's parser checked it), within the same depth
+            refuse_deeper(json.dumps(arguments).encode(), f"{where}.function.arguments", ARGUMENTS_DEPTH)
         if not isinstance(arguments, dict):
             raise APIError(400, f"{where}.function.arguments must be the JSON text of an object",
                            f"{where}.function.arguments")
