@@ -17,8 +17,8 @@
 # the in-process benchmark (every thread, idle included, as collapsed stacks: `benchmarks.pyspy_summary` reads
 # them), with `top` over the same seconds (every process, then the profiled process's threads). PYSPY names
 # the binary, else the venv's or PATH's (py-spy's wheel in .carry puts it there).
-# Each step has its own time limit within the BUDGET_S (480) budget; a step that fails or times out is
-# reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
+# Each step has its own time limit (the openai step's: OPENAI_STEP_S, 330) within the BUDGET_S (480) budget; a
+# step that fails or times out is reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
 # openai.jsonl (the records to append to benchmarks/results/serving.jsonl) and, with PROFILE=1,
 # engine_triton.txt, engine_in_process.txt and their top_*.txt. The tables and the steps are printed last.
 # /tmp/carry-venv stays for gpu_rag.sh's call on the same warm machine.
@@ -85,7 +85,7 @@ fi
 [ -z "${PROFILER:-}" ] || { kill "$PROFILER" 2>/dev/null; wait "$PROFILER" 2>/dev/null; }
 OPENAI_LEVELS=(--concurrency "${CONCURRENCY:-1,16,64,256}" --num-requests "${OPENAI_REQUESTS:-32,96,192,384}"
                --rounds "${ROUNDS:-8,2,1,1}" "${REQUEST_SHAPE[@]}")
-[ "${SERVING_ONLY:-0}" = 1 ] || step openai "$OUT" 330 python3 -m benchmarks.bench_serving --model "$MODEL" \
+[ "${SERVING_ONLY:-0}" = 1 ] || step openai "$OUT" "${OPENAI_STEP_S:-330}" python3 -m benchmarks.bench_serving --model "$MODEL" \
     "${OPENAI_LEVELS[@]}" --instances "${INSTANCES:-8}" --api openai --openai-workers "${OPENAI_WORKERS:-4}" \
     --record "$OUT/openai.jsonl"
 
