@@ -18,9 +18,9 @@
 # them), with `top` over the same seconds (every process, then the profiled process's threads). PYSPY names
 # the binary, else the venv's or PATH's (py-spy's wheel in .carry puts it there).
 # Each step has its own time limit (the openai step's: OPENAI_STEP_S, 330) within the BUDGET_S (480) budget; a
-# step that fails or times out is reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log + serving.jsonl, openai.log +
-# openai.jsonl (the records to append to benchmarks/results/serving.jsonl) and, with PROFILE=1,
-# engine_triton.txt, engine_in_process.txt and their top_*.txt. The tables and the steps are printed last.
+# step that fails or times out is reported. $OUT (else /tmp/serving_out) gets steps.log, serving.log +
+# serving.jsonl, openai.log + openai.jsonl (the records to append to benchmarks/results/serving.jsonl) and, with
+# PROFILE=1, engine_triton.txt, engine_in_process.txt and their top_*.txt. The tables and the steps are printed last.
 # /tmp/carry-venv stays for gpu_rag.sh's call on the same warm machine.
 set -u
 cd "$(dirname "$0")/.."
