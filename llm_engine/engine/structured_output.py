@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from llm_engine.engine.schema_patterns import enforceable
 from llm_engine.sampling_params import StructuredOutputs
 
 CACHE_SIZE = 256           # compiled grammars kept
@@ -147,7 +148,8 @@ _JSON_STRING_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
 
 def _json_schema_grammar(xgr, schema: str):
     """The schema's grammar, compact (with free whitespace a model may pad forever before closing
-    the object) and emitting only valid JSON strings."""
+    the object), its patterns enforced (schema_patterns.py) and emitting only valid JSON strings."""
+    schema = json.dumps(enforceable(json.loads(schema)))
     text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
     for chars in _STRING_CHARS:
         text = text.replace(chars, _JSON_STRING_CHAR)

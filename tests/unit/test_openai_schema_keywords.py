@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends" / "trito
 import strict_json  # noqa: E402
 from sampling_values import coerce  # noqa: E402
 
+from llm_engine.engine.structured_output import _json_schema_grammar  # noqa: E402
 from llm_engine.sampling_params import SamplingParams  # noqa: E402
 from ragstack.openai_frontend import structured, tool_schema  # noqa: E402
 from ragstack.openai_frontend.errors import APIError  # noqa: E402
@@ -55,7 +56,8 @@ REFUSED = [
     ({"type": "integer", "allOf": [{"minimum": 3}]}, "x", "type"),
     ({"type": "string", "pattern": "^a+$", "maxLength": 2}, "aaaa", "maxLength"),
     ({"type": ["string", "null"], "pattern": "^a+$", "minLength": 3}, "a", "minLength"),
-    ({"type": "string", "format": "date", "pattern": "^1"}, "2020-01-01", "pattern"),
+    ({"type": "string", "pattern": "^P(?=\\d)\\d*$"}, "P", "pattern"),
+    ({"type": "string", "format": "duration", "pattern": "^P(?!T)[0-9DT]+$"}, "PT", "pattern"),
     ({"type": "string", "format": "date", "maxLength": 3}, "2020-01-01", "maxLength"),
     ({"type": "string", "format": "json-pointer", "minLength": 1}, "", "minLength"),
     ({"type": "string", "pattern": "^a*$", "minLength": 1}, "", "minLength"),
@@ -80,6 +82,10 @@ ENFORCED = [
     ({"type": "string", "format": "foo", "minLength": 2}, "a"),
     ({"type": "string", "format": "uri", "minLength": 1}, ""),
     ({"type": "string", "pattern": "^a+$", "minLength": 0}, "b"),
+    ({"type": "string", "format": "date", "pattern": "^1"}, "2020-01-01"),   # the pattern, not the format
+    ({"type": "string", "pattern": "^a(?:xy+)?$"}, "ay"),   # an optional group ending in a repetition
+    ({"type": "string", "pattern": "^a(x(y*)?z+)?$"}, "az"),
+    ({"type": "object", "patternProperties": {"^a(?:xy+)?$": I}, "additionalProperties": False}, {"ay": 1}),
     ({"type": "array", "items": I, "minItems": 2, "maxItems": 3}, [1]),
     ({"type": "array", "prefixItems": [I], "items": False}, [1, 2]),
     ({"type": "array", "items": S, "uniqueItems": False}, [1]),
@@ -112,9 +118,9 @@ ENFORCED = [
 
 
 def _compiled(schema: dict):
-    """The schema's grammar as the llm compiles a json constraint (compact JSON)."""
+    """The schema's grammar as the llm compiles a json constraint (compact JSON, its patterns enforced)."""
     xgrammar = pytest.importorskip("xgrammar")
-    return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    return _json_schema_grammar(xgrammar, json.dumps(schema))
 
 
 def _written(schema: dict, instance) -> bool:
@@ -160,6 +166,56 @@ def test_enforced_keywords_pass(schema, instance):
     assert tool_schema.checked(schema, "response_format.json_schema.schema") is schema
     assert _invalid(schema, instance)
     assert not _written(schema, instance)
+
+
+# zod v4's string types as the openai Node SDK's zodResponseFormat sends them (z.toJSONSchema, zod 4.6.7):
+# a format and zod's own pattern beside it, or a pattern alone (z.iso.time()).
+ZOD_PATTERNS = {
+    "email": ("email",
+              "^(?:[A-Za-z0-9_'+\\-]+\\.)*[A-Za-z0-9_'+\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9"
+              "\\-]*\\.)+[A-Za-z]{2,}$"),
+    "uuid": ("uuid",
+             "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-"
+             "F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"),
+    "date-time": ("date-time",
+                  "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)"
+                  "-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]"
+                  "|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d"
+                  "(?:\\.\\d+)?(?:Z))$"),
+    "date": ("date",
+             "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)"
+             "-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]"
+             "|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$"),
+    "time": (None,
+             "^(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?$"),
+    "ipv4": ("ipv4",
+             "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9"
+             "]|1[0-9][0-9]|[1-9][0-9]|[0-9])$"),
+}
+# (zod type, a string its pattern refuses that xgrammar wrote or would write without the rewrites)
+ZOD_REFUSES = [("time", "22:01076837222474"), ("date-time", "2024-01-01T10:00:00+01:00"),
+               ("date-time", "2023-02-29T10:00:00Z"), ("date", "2023-02-29"), ("email", "a@b"),
+               ("uuid", "00000000-0000-0000-0000-000000000001"), ("ipv4", "01.2.3.4")]
+
+
+@pytest.mark.parametrize("zod_type, string", ZOD_REFUSES)
+def test_zod_v4_string_types_pass_and_their_pattern_holds(zod_type, string):
+    """zod v4 writes a format and its own pattern beside it; the llm keeps the pattern, which the answer is
+    validated against (the format would let through a `+01:00` offset zod refuses)."""
+    fmt, pattern = ZOD_PATTERNS[zod_type]
+    schema = {"type": "string", "pattern": pattern, **({"format": fmt} if fmt else {})}
+    assert tool_schema.checked(schema, "s") is schema
+    assert _invalid(schema, string) and not _written(schema, string)
+
+
+def test_zod_v4_duration_is_refused_for_its_lookahead():
+    """z.iso.duration()'s pattern asserts with lookaheads, which xgrammar drops: "P" would be written."""
+    schema = {"type": "string", "format": "duration",
+              "pattern": "^P(?:(\\d+W)|(?!.*W)(?=\\d|T\\d)(\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?"
+                         "(\\d+([.,]\\d+)?S)?)?)$"}
+    with pytest.raises(APIError, match=r"s.properties.d.pattern: pattern has a lookahead or lookbehind"):
+        tool_schema.checked({"type": "object", "properties": {"d": schema}}, "s")
+    assert _invalid(schema, "P") and _written(schema, "P")
 
 
 def test_formats_xgrammar_writes_and_those_it_does_not():

@@ -20,9 +20,12 @@ the schema; so `_enforced` refuses, with a 400 naming the keyword's field
   `anyOf`, `oneOf`, `allOf`; a `type` that all of const's or enum's values have is redundant), and `allOf`
   with other than one subschema (xgrammar merges none);
 - a keyword of one type in a schema without a `type` (none implied by properties or items, or by being
-  propertyNames'), `type: []`, `required` naming a property `properties` lacks, `pattern` or a length
-  beside a format xgrammar writes (FORMATS), a length beside `pattern` (but a minLength every string
-  written has), and `multipleOf` beyond what xgrammar writes (an integer's, bounded).
+  propertyNames'), `type: []`, `required` naming a property `properties` lacks, a length beside a format
+  xgrammar writes (FORMATS) or beside `pattern` (but a minLength every string written has), `multipleOf`
+  beyond what xgrammar writes (an integer's, bounded), and a `pattern` with a lookahead or lookbehind
+  (xgrammar drops them).
+A `pattern` beside a format passes: the llm keeps the pattern, the assertion, over the format, an
+annotation in JSON Schema (zod v4 writes both; llm_engine/engine/schema_patterns.py).
 Annotations pass (title, description, default, examples, `$comment`, and a `format` xgrammar does not
 know: JSON Schema's default takes format as an annotation). `oneOf` is written as anyOf where xgrammar
 cannot prove its branches exclusive (docs/openai.md). tests/unit/test_openai_schema_keywords.py checks
@@ -32,14 +35,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from llm_engine.engine.schema_patterns import INSTANCES, NAMED_SCHEMAS, has_lookaround
 from ragstack.openai_frontend.errors import APIError
 from ragstack.openai_frontend.tool_grammar import NO_PARAMETERS
 
-# Keywords whose value maps names to schemas, and those whose value is data (an instance; OpenAPI's
-# discriminator, which maps values to references), not a schema.
-NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-                           "dependencies"})
-INSTANCES = frozenset({"enum", "const", "default", "examples", "discriminator"})
 # What xgrammar 0.2.8's json_schema_converter does, keyword by keyword. It ignores these wherever they are:
 IGNORED = ("uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then", "else", "dependentRequired",
            "dependentSchemas", "dependencies", "$dynamicRef", "$recursiveRef")
@@ -213,10 +212,20 @@ def _required(schema: dict, at: str, parts: tuple) -> None:
 
 
 def _string(schema: dict, at: str, parts: tuple) -> None:
+    """A length beside what the string is written by: its pattern, which the llm keeps over a format
+    beside it (llm_engine/engine/schema_patterns.py), else a format xgrammar writes."""
     fmt = schema.get("format") if isinstance(schema.get("format"), str) else None
-    over = f"format {fmt!r}" if fmt in FORMATS else "pattern" if "pattern" in schema else None
-    for keyword in ("pattern", "minLength", "maxLength") if fmt in FORMATS else ("minLength", "maxLength"):
-        if over is not None and keyword in schema and not _implied_length(schema, keyword, fmt):
+    if isinstance(schema.get("pattern"), str) and has_lookaround(schema["pattern"]):
+        _refuse(at, parts, "pattern", "has a lookahead or lookbehind ((?=, (?!, (?<=, (?<!), which the grammar "
+                                      "compiler does not enforce; remove it")
+    if "pattern" in schema:
+        over, fmt = "pattern", None
+    elif fmt in FORMATS:
+        over = f"format {fmt!r}"
+    else:
+        return
+    for keyword in ("minLength", "maxLength"):
+        if keyword in schema and not _implied_length(schema, keyword, fmt):
             _refuse(at, parts, keyword, f"is not enforced beside {over} by the grammar compiler; give one of them")
 
 
