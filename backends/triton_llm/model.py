@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from early_aborts import EarlyAborts
 from engine_settings import load_settings
 from chat_tools import template_info
 from llm_request import (ABORT_KEY, INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, asks_template_info,
@@ -128,6 +129,7 @@ class TritonPythonModel:
         self._tasks: set[asyncio.Future] = set()
         self._tasks_lock = threading.Lock()
         self._by_cancel_key: dict[str, tuple] = {}  # CANCEL_KEY -> (engine, request id, cancelled event); loop thread only
+        self._early_aborts = EarlyAborts()  # aborted keys whose request had not come; loop thread only
         self._open: dict[str, tuple] = {}  # request id -> (sender, engine, cancelled event); loop thread only
         self._finalizing = False
         self.loop = asyncio.new_event_loop()
@@ -183,6 +185,10 @@ class TritonPythonModel:
             self._tasks.discard(future)
 
     async def _generate(self, req: LLMRequest, sender) -> None:
+        if req.cancel_key is not None and self._early_aborts.take(req.cancel_key):
+            self._fail(sender, req, "request cancelled by the client (aborted by its key before it arrived)",
+                       pb_utils.TritonError.CANCELLED)
+            return
         request_id = uuid.uuid4().hex
         try:
             engine = self.supervisor.engine()
@@ -290,8 +296,10 @@ class TritonPythonModel:
         self._send(sender, None, FINAL)
 
     def _abort_here(self, key: str) -> bool:
+        """Ends the request with this key, or keeps the key for the request should it come here later."""
         entry = self._by_cancel_key.get(key)
         if entry is None:
+            self._early_aborts.add(key)
             return False
         engine, request_id, cancelled = entry
         cancelled.set()

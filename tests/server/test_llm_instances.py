@@ -16,17 +16,20 @@ import re
 import signal
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2_grpc
 
 from llm_engine import LLM
 from llm_streams import StreamSession, llm_inputs
 from ragstack import load_gen, process_tree
 from ragstack.launcher import DEFAULT_REPOSITORIES, TritonServer
 from raw_http import connect, request_bytes
-from server_helpers import TINY_LLM, free_server_options, wait_until
+from server_helpers import TINY_LLM, free_server_options, settled, wait_until
 
 pytestmark = pytest.mark.server
 INSTANCES_REPOSITORY = Path(__file__).resolve().parents[1] / "fixtures" / "instances_repository"
@@ -153,6 +156,36 @@ def test_an_abort_by_key_reaches_the_instance_that_holds_the_request(server):
     wait_until(lambda: sum(series(server, "triton_llm_kv_cache_blocks_used").values()) == 0
                and sum(series(server, "triton_llm_num_requests_running").values()) == 0, "the KV blocks freed", 10)
     assert time.monotonic() - gone < 1.0   # 0.21 s measured; uncancelled, these run about 4 s here
+
+
+def test_an_abort_that_comes_before_its_request_ends_the_request_as_it_arrives(server):
+    """A rag query whose client leaves during retrieval is aborted by its key before its llm request exists
+    (review 15: 1 to 5 of 30 such generations ran to max_tokens for nobody). Six keys aborted, each on the
+    instance Triton picks, then six long requests carrying them, spread over the three instances: each
+    ends at once, CANCELLED, and the engine sees no prompt of theirs."""
+    keys = [uuid.uuid4().hex for _ in range(6)]
+
+    async def send_all(parameters: list[dict], tensors: dict) -> list[load_gen.Outcome]:
+        async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            requests = []
+            for i, params in enumerate(parameters):
+                request = load_gen.request_proto(MODEL, tensors, f"early-{i}")
+                for name, value in params.items():
+                    request.parameters[name].string_param = value
+                requests.append(request)
+            return await asyncio.gather(*(load_gen.run_one(stub, r, 60) for r in requests))
+
+    aborts = asyncio.run(send_all([{"ragstack_abort": key} for key in keys], {}))
+    assert all(o.status == load_gen.OK for o in aborts), aborts
+    prompts = settled(lambda: sum(series(server, "vllm:prompt_tokens_total").values()))
+    started = time.monotonic()
+    outcomes = asyncio.run(send_all([{"ragstack_cancel_key": key} for key in keys],
+                                    load_gen.llm_tensors("aborted already", LONG)))
+    assert time.monotonic() - started < 1.0   # uncancelled, they run about 4 s here
+    for outcome in outcomes:
+        assert outcome.status == load_gen.ERROR and "aborted by its key before it arrived" in outcome.error, outcome
+    assert settled(lambda: sum(series(server, "vllm:prompt_tokens_total").values())) == prompts
 
 
 def test_a_killed_engine_is_noticed_by_every_instance_and_one_new_engine_serves_them(server):
