@@ -47,6 +47,24 @@ def test_streams_are_sse_events_ending_with_done(triton_server, path, body):
     assert sorted(finished) == list(range(body.get("n", 1)))   # each choice ends once
 
 
+def test_every_answer_carries_a_request_id(triton_server):
+    """x-request-id, as OpenAI's answers (the SDKs' `_request_id`): the client's own when printable and at
+    most 256 characters, else a new one; on streams, errors and refusals by the guard too."""
+    chat = {"model": "llm", "messages": HELLO, "max_tokens": 2}
+    minted = [post(triton_server, "/v1/chat/completions", chat),
+              post(triton_server, "/v1/chat/completions", {**chat, "stream": True}),
+              post(triton_server, "/v1/chat/completions", {**chat, "model": "nosuch"}),
+              post(triton_server, "/v1/chat/completions", chat, headers={"X-Request-Id": "x" * 257}),
+              post(triton_server, "/v1/chat/completions", chat, headers={"X-Request-Id": "a b"}),
+              httpx.get(f"{triton_server.openai_url}/v1/nosuch", timeout=30)]
+    assert [r.status_code for r in minted] == [200, 200, 404, 200, 200, 404]
+    ids = [r.headers["x-request-id"] for r in minted]
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == len(ids), ids
+    for given in ("req-123", "y" * 256):
+        answer = post(triton_server, "/v1/chat/completions", {**chat, "stream": True}, headers={"X-Request-Id": given})
+        assert answer.status_code == 200 and answer.headers.get_list("x-request-id") == [given]
+
+
 @pytest.mark.parametrize("path,body,status,param,words", [
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "temperature": -1}, 400, "temperature",
      "temperature must be"),

@@ -12,6 +12,17 @@ def test_an_overload_through_an_ensemble_reads_as_the_step_said_it():
     assert error.message == "rag_generate: 256 requests in flight, the limit (parameter max_inflight)"
 
 
+def test_an_overload_waits_a_second_what_is_not_ready_five():
+    """Retry-After: an overload (the llm's full queue, rag_generate's max_inflight: "retry later") clears as
+    requests finish; an engine restarting takes seconds, which the SDKs' two retries must outlast."""
+    full = from_triton("waiting queue is full (max_waiting=2); retry later", None)
+    restarting = from_triton("the engine is restarting after a failure (killed); retry in a few seconds",
+                             "StatusCode.UNAVAILABLE")
+    assert (full.status, full.code, full.response().headers["retry-after"]) == (503, "overloaded", "1")
+    assert (restarting.status, restarting.code, restarting.response().headers["retry-after"]) == (
+        503, "unavailable", "5")
+
+
 def test_a_refusal_names_the_request_field_it_came_from():
     error = from_triton("in ensemble 'rag', text[0] is 18000 bytes; the limit is 16384", "StatusCode.INVALID_ARGUMENT",
                         {"text": "messages"})

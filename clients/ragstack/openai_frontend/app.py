@@ -23,6 +23,7 @@ from ragstack.openai_frontend.frontend import Frontend
 from ragstack.openai_frontend.guard import Guard
 from ragstack.openai_frontend.internal_errors import InternalErrors
 from ragstack.openai_frontend.limits import FrontendLimits
+from ragstack.openai_frontend.request_id import RequestId
 from ragstack.openai_frontend.rerank import rerank, rerank_v2
 from ragstack.openai_frontend.score import score
 from ragstack.openai_frontend.tokenization import detokenize, tokenize
@@ -43,8 +44,10 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     app.add_middleware(InternalErrors)   # innermost: the guard and the metrics see its 500s
     app.add_middleware(Guard, inflight=inflight.from_environment(limits.max_inflight), api_key=api_key)
     app.add_middleware(metrics.Metrics)   # it sees the guard's refusals too
-    if limits.origins():   # outermost: a browser's preflight carries no key, and every answer needs the headers
-        app.add_middleware(CORSMiddleware, allow_origins=limits.origins(), allow_methods=["*"], allow_headers=["*"])
+    if limits.origins():   # a browser's preflight carries no key, and every answer needs the headers
+        app.add_middleware(CORSMiddleware, allow_origins=limits.origins(), allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=["x-request-id"])
+    app.add_middleware(RequestId)   # outermost: on every answer, a preflight's too
     app.add_exception_handler(APIError, lambda _request, exc: exc.response())
     for gone in (ClientGone, ClientDisconnect):   # before its answer; or while it sent its body
         app.add_exception_handler(gone, lambda _request, _exc: Response(status_code=CLIENT_GONE))

@@ -1,6 +1,6 @@
 """Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the status a client
 can act on: 400 naming the parameter, 401/403 for keys, 404 for a model, 413 for a body, 503 with
-Retry-After for overload, 500 only for a failure of the server's own.
+Retry-After for overload and what is not ready, 500 only for a failure of the server's own.
 
 Triton's errors arrive with a status code (unary calls) or, inside a gRPC stream, with only their
 message (Triton 2.51); ragstack.error_codes reads the code back from the message's family.
@@ -15,7 +15,11 @@ from ragstack.error_codes import code_from_grpc, code_from_message
 _TYPES = {401: "authentication_error", 403: "permission_error", 500: "server_error", 503: "server_error"}
 _STATUS = {"INVALID_ARG": 400, "UNSUPPORTED": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409, "CANCELLED": 499,
            "UNAVAILABLE": 503, "INTERNAL": 500}
-RETRY_AFTER_S = 1
+# Seconds a 503 asks a client to wait before its retry: an overload (code "overloaded": max_inflight, a full
+# queue) clears as requests finish; anything else (an engine restarting, a model loading, Triton away) takes
+# seconds (the demo engine restarts in about 3 s), which the SDKs' two retries must outlast.
+RETRY_AFTER_OVERLOADED_S = 1
+RETRY_AFTER_S = 5
 # What Triton and our models put before a step's message.
 _WRAPPER = re.compile(r"^(?:in ensemble '[^']*', |Model \S+ - Error when running inference: )+")
 # A key the llm names as unknown (the first; a long name cut to 61 characters) or not implemented:
@@ -40,7 +44,8 @@ class APIError(Exception):
         """A starlette JSONResponse (imported here: `ragstack serve` reads keys.py, which raises these)."""
         from starlette.responses import JSONResponse  # noqa: PLC0415
 
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == 503 else None
+        wait = RETRY_AFTER_OVERLOADED_S if self.code == "overloaded" else RETRY_AFTER_S
+        headers = {"Retry-After": str(wait)} if self.status == 503 else None
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
     def event(self) -> bytes:
@@ -62,6 +67,8 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
     step = _WRAPPER.sub("", message)   # what the model said, without the ensemble's and Triton's framing
     if status == 404:
         return APIError(404, message, "model", "model_not_found")
+    if status == 503 and step.endswith("retry later"):   # the llm's full queue, rag_generate's max_inflight
+        return APIError(503, step, code="overloaded")
     if status != 400:
         return APIError(status, step, code=code.lower())
     param = _param(step, params or {})
