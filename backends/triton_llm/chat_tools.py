@@ -17,7 +17,9 @@ The OpenAI frontend asks for it (a control request, TEMPLATE_INFO_KEY) to parse 
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import string
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -25,6 +27,7 @@ ROLES = ("system", "user", "assistant", "tool")
 # text_output is {"tool_call_format": "hermes" | "mistral" | "llama3_json" | null, "renders_tools": bool}.
 TEMPLATE_INFO_KEY = "ragstack_chat_template_info"
 MAX_TOOLS = 128
+ID_CHARACTERS = string.ascii_letters + string.digits
 
 
 class Invalid(ValueError):
@@ -113,9 +116,10 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
 
 
 def tool_call_format(template: str) -> str | None:
-    """The tool-call format a chat template teaches its model: the frontend's parser for it."""
+    """The tool-call format a chat template teaches its model: the frontend's parser for it. `<tool_call>`
+    holding XML (Qwen3-Coder's `<function=...>`, GLM-4.5's `<arg_key>`) is none of them."""
     if "<tool_call>" in template:
-        return "hermes"
+        return None if "<function=" in template or "<arg_key>" in template else "hermes"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "ipython" in template):
@@ -125,5 +129,34 @@ def tool_call_format(template: str) -> str | None:
 
 def template_info(template: str | dict | None) -> dict[str, Any]:
     """What TEMPLATE_INFO_KEY answers; named templates (e.g. "default" and "tool_use") count together."""
-    text = "\n".join(str(t) for t in template.values()) if isinstance(template, dict) else template or ""
+    text = _text(template)
     return {"tool_call_format": tool_call_format(text), "renders_tools": "tools" in text}
+
+
+def for_template(messages: list[dict[str, Any]], template: str | dict | None) -> list[dict[str, Any]]:
+    """The messages as the template takes them: Mistral's refuse a call id that is not 9 letters and digits
+    (OpenAI's `call_...`, another model's), so such an id becomes 9 characters of its hash, the same in the
+    assistant's tool_calls and the tool message's tool_call_id (vLLM keeps the last 9 characters)."""
+    if tool_call_format(_text(template)) != "mistral":
+        return messages
+    out = []
+    for message in messages:
+        message = dict(message)
+        if "tool_calls" in message:
+            message["tool_calls"] = [{**call, "id": _short_id(call["id"])} if "id" in call else call
+                                     for call in message["tool_calls"]]
+        if "tool_call_id" in message:
+            message["tool_call_id"] = _short_id(message["tool_call_id"])
+        out.append(message)
+    return out
+
+
+def _short_id(call_id: str) -> str:
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    digest = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    return "".join(ID_CHARACTERS[(digest // 62 ** i) % 62] for i in range(9))
+
+
+def _text(template: str | dict | None) -> str:
+    return "\n".join(str(t) for t in template.values()) if isinstance(template, dict) else template or ""

@@ -33,7 +33,7 @@ import triton_python_backend_utils as pb_utils
 
 from early_aborts import EarlyAborts
 from engine_settings import load_settings
-from chat_tools import template_info
+from chat_tools import for_template, template_info
 from llm_request import (ABORT_KEY, INPUTS, OUTPUTS, InvalidRequest, LLMRequest, abort_key, asks_template_info,
                          parse_request)
 from response_instances import check_thread_engine, engine_share, instances_on_device
@@ -192,8 +192,11 @@ class TritonPythonModel:
         request_id = uuid.uuid4().hex
         try:
             engine = self.supervisor.engine()
-            prompt = (self.tokenizer.apply_chat_template(req.messages, tools=req.tools, **req.chat_template_kwargs)
-                      if req.messages is not None else req.prompt if req.prompt is not None else req.prompt_token_ids)
+            if req.messages is not None:
+                messages = for_template(req.messages, self.tokenizer.hf_tokenizer.chat_template)
+                prompt = self.tokenizer.apply_chat_template(messages, tools=req.tools, **req.chat_template_kwargs)
+            else:
+                prompt = req.prompt if req.prompt is not None else req.prompt_token_ids
             sampling = req.sampling
             if req.returns & {"return_cumulative_logprob", "return_logprobs"} and sampling.get("logprobs") is None:
                 sampling = {**sampling, "logprobs": 0}  # the tokens' own logprobs, for those outputs

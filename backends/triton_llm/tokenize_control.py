@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 import strict_json
+from chat_tools import for_template
 from llm_request import InvalidRequest, control, parse_request, token_ids_of
 
 TOKENIZE_KEY, DETOKENIZE_KEY = "ragstack_tokenize", "ragstack_detokenize"
@@ -55,7 +56,8 @@ def tokenize(get: Callable[[str], np.ndarray | None], options: dict[str, bool], 
     req = parse_request(get, "", max_prompt_bytes, empty_prompt=True)
     if req.messages is not None:
         try:
-            text = tokenizer.apply_chat_template(req.messages, tools=req.tools, tokenize=False,
+            text = tokenizer.apply_chat_template(for_template(req.messages, tokenizer.hf_tokenizer.chat_template),
+                                                 tools=req.tools, tokenize=False,
                                                  **req.chat_template_kwargs)
         except ValueError as exc:  # the template refused them, in words error_codes reads as INVALID_ARG
             raise InvalidRequest(str(exc)) from None

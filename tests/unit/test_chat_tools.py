@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends" / "triton_llm"))
-from chat_tools import Invalid, parse_messages, parse_tools, template_info  # noqa: E402
+from chat_tools import Invalid, for_template, parse_messages, parse_tools, template_info  # noqa: E402
 
 from ragstack.error_codes import code_from_message  # noqa: E402
 
@@ -74,6 +74,9 @@ def test_bad_tools_are_named(tools, words):
     ("<|start_header_id|>ipython<|end_header_id|>{{ '<|python_tag|>' }}", "llama3_json"),
     ("{{ '<|start_header_id|>' }}{% if message.role == 'ipython' %}{% endif %}", "llama3_json"),
     ("{% for m in messages %}{{ m.content }}{% endfor %}", None),
+    # Qwen3-Coder's and GLM-4.5's <tool_call> hold XML, which the hermes reader would leave as content
+    ("<tool_call>\n<function={{ tool_call.name }}>\n<parameter=x>\n</parameter>\n</function>\n</tool_call>", None),
+    ("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value></tool_call>", None),
 ])
 def test_the_tool_call_format_of_a_template(template, fmt):
     assert template_info(template)["tool_call_format"] == fmt
@@ -105,3 +108,22 @@ def test_the_demo_template_renders_tools_and_tool_turns():
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><|im_end|>\n'
             "<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n") in text
     assert template_info(CHAT_TEMPLATE) == {"tool_call_format": "hermes", "renders_tools": True}
+
+
+MISTRAL = "{{ '[TOOL_CALLS]' }}{% if tool_call.id|length != 9 %}{{ raise_exception('ids of 9') }}{% endif %}"
+
+
+def test_mistral_templates_get_call_ids_of_nine_letters_and_digits():
+    """Review 16: Mistral's templates refuse OpenAI's `call_...` ids in the conversation sent back; each
+    becomes 9 characters of its hash, the same in tool_calls and tool_call_id; 9-character ids stay."""
+    messages = parse_messages([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "a1B2c3D4e"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "rain"}])
+    assert for_template(messages, "{{ messages }}") is messages
+    shortened = for_template(messages, MISTRAL)
+    first, second = (call["id"] for call in shortened[1]["tool_calls"])
+    assert len(first) == 9 and first.isascii() and first.isalnum() and second == "a1B2c3D4e"
+    assert [m.get("tool_call_id") for m in shortened[2:]] == [first, second]
+    assert for_template(messages, MISTRAL) == shortened and messages[2]["tool_call_id"] == "call_1"

@@ -175,6 +175,9 @@ def test_llama3_json_content_streams_once_the_start_says_so():
     ("[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
     ("Sure. [TOOL_CALLS] not json", "Sure. [TOOL_CALLS] not json", []),
     ('[{"a": 1}]', '[{"a": 1}]', []),
+    ('[TOOL_CALLS] [{"name": "f", "arguments": {"x": 1}}]\nextra trailing data', "extra trailing data",
+     [("f", {"x": 1})]),                                                   # vLLM streams the text after as content
+    ('[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"x": 1}', "", [("f", {"x": 1})]),   # v11's id before the arguments
 ])
 def test_mistral(text, content, calls):
     for size in (1, 4, 100):
@@ -238,3 +241,33 @@ def test_the_parser_setting_is_one_of_the_formats():
     assert FrontendLimits(tool_call_parser="mistral").to_args()[-2:] == ["--openai-tool-call-parser", "mistral"]
     with pytest.raises(ValueError, match="tool_call_parser must be one of"):
         FrontendLimits(tool_call_parser="pythonic")
+
+
+NAMES = frozenset({"get_weather", "add", "f"})
+
+
+@pytest.mark.parametrize("family, text", [
+    ("llama3_json", '{"name": "Tokyo", "country": "Japan"}'),           # a JSON answer, no arguments key
+    ("llama3_json", '{"name": "ideX>9", "parameters": {"age": 12}}'),   # no such tool
+    ("mistral", '[{"name": "Tokyo", "population": 37}, {"name": "Paris", "population": 11}]'),
+    ("mistral", '[TOOL_CALLS] [{"name": "weather", "arguments": {}}]'),
+    ("hermes", '<tool_call>\n{"name": "get_weather"}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "unknown", "arguments": {}}\n</tool_call>'),
+])
+def test_json_answers_and_calls_of_tools_not_given_are_content(family, text):
+    """Review 16: a response_format answer with a "name" became a call with its data dropped; vLLM's parsers
+    need the arguments key, and OpenAI never calls a tool the request did not give."""
+    for size in (1, 3, 1000):
+        content, calls, _ = streamed(AUTO[family](names=NAMES), split(text, size))
+        assert content == text and not calls
+
+
+def test_mistral_call_ids_are_nine_letters_and_digits():
+    """Mistral's chat templates refuse any other id in the conversation sent back."""
+    readers = [(Mistral(names=NAMES, short_ids=True), FAMILIES["mistral"]), (Required(short_ids=True), REQUIRED),
+               (Named("f", short_ids=True), "{}")]
+    for reader, text in readers:
+        _, calls = collect(reader, text)
+        assert calls and all(len(c["id"]) == 9 and c["id"].isascii() and c["id"].isalnum() for c in calls)
+    _, calls = collect(Hermes(), FAMILIES["hermes"])
+    assert all(c["id"].startswith("call_") and len(c["id"]) == 29 for c in calls)

@@ -13,10 +13,12 @@ Readers:
   `hermes` (Qwen2.5, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, text
   around them is content; `llama3_json` (Llama 3.1+): the whole answer is `{"name": ..., "parameters":
   {...}}` (several separated by `;`), possibly after `<|python_tag|>`; `mistral`: `[TOOL_CALLS]` then a
-  JSON list of {"name", "arguments"} (or v11's `name[ARGS]{...}`), also a bare list at the start when
-  the tokenizer dropped the special token. Content streams as it comes; a call is held until it is
-  whole (hermes: its block; llama3_json and mistral: the end of the answer), then sent in one delta.
-  Text that does not parse as a call stays content.
+  JSON list of {"name", "arguments"} (text after it is content), or v11's `name[ARGS]{...}` (`[CALL_ID]id`
+  after the name dropped), also a bare list at the start when the special token was not kept. Content
+  streams as it comes; a call is held until it is whole (hermes: its block; llama3_json and mistral: the
+  end of the answer), then sent in one delta. A call names one of the request's tools and has its
+  `arguments` (or `parameters`) key; text that does not parse as one stays content (a JSON answer with a
+  "name" is not a call).
 - `Plain`: no tools read (tool_choice "none").
 
 Whitespace between content and calls is not content, but content on both sides of a call stays apart (one
@@ -26,11 +28,14 @@ from __future__ import annotations
 
 import abc
 import json
+import secrets
+import string
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 PARSERS = ("hermes", "llama3_json", "mistral")
+ID_CHARACTERS = string.ascii_letters + string.digits
 
 
 @dataclass
@@ -44,22 +49,26 @@ class Delta:
         return self
 
 
-def call_id() -> str:
+def call_id(short: bool = False) -> str:
+    """OpenAI's form, or `short`: Mistral's, 9 letters and digits (its chat templates refuse any other id in
+    the conversation sent back; vLLM writes them so for Mistral models too)."""
+    if short:
+        return "".join(secrets.choice(ID_CHARACTERS) for _ in range(9))
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class _Calls:
     """Numbers the calls of one choice and writes their delta entries."""
 
-    def __init__(self, parallel: bool):
-        self.parallel, self.count = parallel, 0
+    def __init__(self, parallel: bool, short_ids: bool = False):
+        self.parallel, self.count, self.short_ids = parallel, 0, short_ids
 
     def allowed(self) -> bool:
         return self.parallel or self.count == 0
 
     def start(self, name: str) -> dict:
         self.count += 1
-        return {"index": self.count - 1, "id": call_id(), "type": "function",
+        return {"index": self.count - 1, "id": call_id(self.short_ids), "type": "function",
                 "function": {"name": name, "arguments": ""}}
 
     def arguments(self, text: str) -> dict:
@@ -108,10 +117,13 @@ class _Content:
 
 
 class Reader(abc.ABC):
-    """The interface: feed text, then finish; `calls` counts the tool calls sent."""
+    """The interface: feed text, then finish; `calls` counts the tool calls sent. `names`: the request's
+    tools (auto's readers take a call of another name for content, as OpenAI never calls an unknown tool);
+    `short_ids`: Mistral's call ids."""
 
-    def __init__(self, parallel: bool = True):
-        self._calls = _Calls(parallel)
+    def __init__(self, parallel: bool = True, *, names: frozenset[str] | None = None, short_ids: bool = False):
+        self._calls = _Calls(parallel, short_ids)
+        self._names = names
 
     @property
     def calls(self) -> int:
@@ -133,8 +145,8 @@ class Plain(Reader):
 class Named(Reader):
     """The whole output is the named function's arguments."""
 
-    def __init__(self, name: str):
-        super().__init__(parallel=False)
+    def __init__(self, name: str, *, short_ids: bool = False):
+        super().__init__(parallel=False, short_ids=short_ids)
         self.name = name
 
     def feed(self, text: str) -> Delta:
@@ -155,8 +167,8 @@ class Required(Reader):
 
     ARGUMENT_KEYS = ("parameters", "arguments")
 
-    def __init__(self, parallel: bool = True):
-        super().__init__(parallel)
+    def __init__(self, parallel: bool = True, *, short_ids: bool = False):
+        super().__init__(parallel, short_ids=short_ids)
         self._stack: list[str] = []
         self._in_string = self._escaped = False
         self._string: str | None = None      # an item-level string being read (a key or the name)
@@ -273,11 +285,15 @@ class Required(Reader):
             self._arguments = ""
 
 
-def _call(value: Any) -> tuple[str, str] | None:
-    """(name, arguments JSON text) of a {"name", "arguments"/"parameters"} object, else None."""
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+def _call(value: Any, names: frozenset[str] | None) -> tuple[str, str] | None:
+    """(name, arguments JSON text) of a {"name", "arguments"/"parameters"} object naming one of `names`
+    (any, if None), else None: JSON of other keys is an answer, not a call (vLLM's parsers need the key too)."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"] \
+            or (names is not None and value["name"] not in names):
         return None
-    arguments = value.get("arguments", value.get("parameters", {}))
+    if "arguments" not in value and "parameters" not in value:
+        return None
+    arguments = value["arguments"] if "arguments" in value else value["parameters"]
     if isinstance(arguments, str):   # some models write the arguments as JSON text
         try:
             arguments = json.loads(arguments)
@@ -314,8 +330,8 @@ def _partial_suffix(text: str, marker: str) -> int:
 class Hermes(Reader):
     START, END = "<tool_call>", "</tool_call>"
 
-    def __init__(self, parallel: bool = True):
-        super().__init__(parallel)
+    def __init__(self, parallel: bool = True, **kwargs):
+        super().__init__(parallel, **kwargs)
         self._buffer, self._in_call, self._content = "", False, _Content()
 
     def feed(self, text: str) -> Delta:
@@ -349,7 +365,7 @@ class Hermes(Reader):
 
     def _block(self, block: str, closed: bool, out: Delta) -> None:
         values = _json_values(block)
-        call = _call(values[0]) if values and len(values) == 1 else None
+        call = _call(values[0], self._names) if values and len(values) == 1 else None
         if call is None:
             out.content += self._content.emit(self.START + block + (self.END if closed else ""))
         else:
@@ -361,8 +377,8 @@ class Llama3Json(Reader):
     """The answer is calls only, or content only: decided by its first characters, the calls read at the end."""
     TAG = "<|python_tag|>"
 
-    def __init__(self, parallel: bool = True):
-        super().__init__(parallel)
+    def __init__(self, parallel: bool = True, **kwargs):
+        super().__init__(parallel, **kwargs)
         self._buffer, self._mode = "", None   # None until decided, then "content" or "calls"
 
     def feed(self, text: str) -> Delta:
@@ -385,7 +401,7 @@ class Llama3Json(Reader):
             return Delta(content=text)
         body = text.strip().removeprefix(self.TAG)
         values = _json_values(body, ";")
-        calls = [_call(v) for v in values or []]
+        calls = [_call(v, self._names) for v in values or []]
         if not calls or None in calls:
             return Delta(content=text)
         out = Delta()
@@ -395,10 +411,10 @@ class Llama3Json(Reader):
 
 
 class Mistral(Reader):
-    MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    MARK, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
-    def __init__(self, parallel: bool = True):
-        super().__init__(parallel)
+    def __init__(self, parallel: bool = True, **kwargs):
+        super().__init__(parallel, **kwargs)
         self._buffer, self._mode, self._content = "", None, _Content()   # mode: None, "content", "calls"
 
     def feed(self, text: str) -> Delta:
@@ -423,40 +439,45 @@ class Mistral(Reader):
     def finish(self) -> Delta:
         text, self._buffer = self._buffer, ""
         out = Delta()
-        if self._mode != "calls":
+        read = self._read(text) if self._mode == "calls" else None
+        if read is None:
             out.content += self._content.emit(text)
         else:
-            calls = self._read(text)
-            if calls is None:
-                out.content += self._content.emit(text)
-            else:
-                for call in calls:
-                    out.tool_calls += self._calls.whole(*call)
+            calls, after = read
+            for call in calls:
+                out.tool_calls += self._calls.whole(*call)
+            self._content.called()
+            out.content += self._content.emit(after)
         out.content += self._content.flush(self.calls > 0)
         return out
 
-    def _read(self, text: str) -> list[tuple[str, str]] | None:
-        calls = []
+    def _read(self, text: str) -> tuple[list[tuple[str, str]], str] | None:
+        """The calls, and the text after a list of them (content, as vLLM streams it), or None."""
+        calls, after = [], ""
         for part in text.split(self.MARK):
             part = part.strip()
             if not part:
                 continue
-            if part.startswith("["):   # [{"name": ..., "arguments": {...}}, ...]
-                values = _json_values(part)
-                if not values or len(values) != 1 or not isinstance(values[0], list):
+            if part.startswith("["):   # [{"name": ..., "arguments": {...}}, ...], maybe text after it
+                try:
+                    value, end = json.JSONDecoder().raw_decode(part)
+                except ValueError:
                     return None
-                found = [_call(v) for v in values[0]]
-            else:                      # v11: name[ARGS]{...}, or name{...}
+                if not isinstance(value, list):
+                    return None
+                found, after = [_call(v, self._names) for v in value], part[end:]
+            else:                      # v11: name[ARGS]{...} (name[CALL_ID]id[ARGS]{...}), or name{...}
                 at = part.find(self.ARGS)
                 name, arguments = (part[:at], part[at + len(self.ARGS):]) if at >= 0 else \
                     (part[:part.find("{")], part[part.find("{"):]) if "{" in part else (part, "")
                 values = _json_values(arguments)
-                found = [_call({"name": name.strip(), "arguments": values[0]})] if values and len(values) == 1 \
-                    else [None]
+                name = name.split(self.CALL_ID)[0].strip()
+                found = [_call({"name": name, "arguments": values[0]}, self._names)] \
+                    if values and len(values) == 1 else [None]
             if not found or None in found:
                 return None
             calls += found
-        return calls or None
+        return (calls, after) if calls else None
 
 
 AUTO = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral}

@@ -18,6 +18,7 @@ strict or not.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -49,6 +50,7 @@ class ToolPlan:
     name: str | None = None     # the named function's
     parallel: bool = True
     parser: str | None = None   # auto's format (tool_parsers.AUTO), set by `resolve`
+    call_format: str | None = None   # the chat template's tool-call format, set by `resolve`
 
     def constraint(self) -> dict[str, Any]:
         """The sampling keys that constrain the output, none for auto and none."""
@@ -71,13 +73,21 @@ class ToolPlan:
         return {"structured_outputs": {"structural_tag": tool_grammar.structural_tag(self.parser, self.tools,
                                                                                       self.parallel)}}
 
+    def sampling(self) -> dict[str, Any]:
+        """auto's sampling keys: special tokens kept in the text, as vLLM keeps them for its hermes and mistral
+        parsers (Mistral's `[TOOL_CALLS]` and `[ARGS]` are special tokens, some models' `<tool_call>` too)."""
+        return {"skip_special_tokens": False} if self.choice == "auto" and self.parser in ("hermes", "mistral") \
+            else {}
+
     def reader(self) -> tool_parsers.Reader:
+        short_ids = self.call_format == "mistral"   # its templates take 9-character ids only
         if self.choice == "function":
-            return tool_parsers.Named(self.name)
+            return tool_parsers.Named(self.name, short_ids=short_ids)
         if self.choice == "required":
-            return tool_parsers.Required(self.parallel)
+            return tool_parsers.Required(self.parallel, short_ids=short_ids)
         if self.choice == "auto" and self.parser:
-            return tool_parsers.AUTO[self.parser](self.parallel)
+            names = frozenset(tool["function"]["name"] for tool in self.tools)
+            return tool_parsers.AUTO[self.parser](self.parallel, names=names, short_ids=short_ids)
         return tool_parsers.Plain()
 
     def _parameters(self, name: str) -> dict:
@@ -129,7 +139,9 @@ def _tool(tool: Any, at: str) -> dict:
     if kind != "object":   # a call's arguments are an object (OpenAI refuses other roots too)
         raise APIError(400, f"{at}.function.parameters must be a JSON schema of type \"object\", got type "
                             f"{str(kind)[:40]!r}", f"{at}.function.parameters")
-    return {key: value for key, value in function.items() if value is not None}
+    # A template reads a tool's parameters (vLLM's hermes template: tool.parameters.properties): none is {}.
+    return {**{key: value for key, value in function.items() if value is not None},
+            "parameters": function.get("parameters") or NO_PARAMETERS}
 
 
 def _choice(value: Any, names: set[str]) -> tuple[str, str | None]:
@@ -178,15 +190,21 @@ def tool_calls_message(message: Any, at: str) -> list[dict]:
 
 
 async def resolve(frontend, model: str, tool_plan: ToolPlan) -> None:
-    """For auto: the parser of --openai-tool-call-parser, else the one the llm's chat template names."""
-    if tool_plan.choice != "auto":
+    """The tool-call format, --openai-tool-call-parser's or the one the llm's chat template names: auto's
+    parser, and the form of every call's id (Mistral's are 9 characters)."""
+    if tool_plan.choice == "none":
         return
     configured = frontend.limits.tool_call_parser
     if configured != "auto":
-        tool_plan.parser = configured
+        tool_plan.call_format = configured
+    elif tool_plan.choice == "auto":
+        tool_plan.call_format = (await template_info(frontend.triton, model)).get("tool_call_format")
+    else:   # required and named work with any llm: one that cannot say its format gets OpenAI's ids
+        with contextlib.suppress(APIError):
+            tool_plan.call_format = (await template_info(frontend.triton, model)).get("tool_call_format")
+    if tool_plan.choice != "auto":
         return
-    info = await template_info(frontend.triton, model)
-    tool_plan.parser = info.get("tool_call_format")
+    tool_plan.parser = tool_plan.call_format
     if tool_plan.parser not in tool_parsers.AUTO:
         raise APIError(400, f"tool_choice 'auto' reads tool calls in the format of the model's chat template, and "
                             f"model '{model}' has none this frontend knows (hermes, llama3_json, mistral); start it "
