@@ -57,7 +57,7 @@ def sample(llm, tag: str, max_tokens: int, n: int = SEEDS):
 
 
 def checked_calls(parser: str, text: str, parallel: bool = True) -> tuple[str, list[dict]]:
-    content, calls = collect(AUTO[parser](parallel), text)
+    content, calls = collect(AUTO[parser](parallel, strict=True), text)   # as the frontend reads strict tools
     for call in calls:
         assert call["function"]["name"] in SCHEMAS, text
         jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])

@@ -330,7 +330,7 @@ def test_the_tool_call_parser_flag_reads_llama3_json(llama3_frontend):
             model="llm", messages=ASK, tools=TOOLS, seed=6, stream=True, extra_body={"guided_regex": call},
             **SAMPLED))
         assert [c["name"] for c in calls] == ["add"] and content is None and reason == "tool_calls"
-        # Hermes blocks are not Llama's format: content.
+        # A Hermes block is not Llama's format: with a strict tool, Llama's calls are read at the start only.
         [choice] = other.chat.completions.create(model="llm", messages=ASK, tools=TOOLS, seed=5,
                                                  extra_body={"guided_regex": HERMES_CALL}, **SAMPLED).choices
         assert choice.message.content.startswith("<tool_call>") and not choice.message.tool_calls

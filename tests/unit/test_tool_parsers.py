@@ -152,8 +152,46 @@ def test_llama3_json_calls(text, calls):
     assert parsed(found) == calls and content == ""
 
 
-@pytest.mark.parametrize("text", ["The answer is 4.", '{"answer": 4}', '{"name": "f", "parameters": {}} trailing',
-                                  '<|python_tag|>print("hi")', "<|python", '{"name": "f", "param'])
+@pytest.mark.parametrize("text, content, calls", [   # vLLM's test_llama3_json_tool_parser cases with text around
+    ('Here is the result: {"name": "f", "parameters": {}} Would you like to know more?',
+     "Here is the result: Would you like to know more?", [("f", {})]),
+    ('Here are the results: {"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}; '
+     '{"name": "f", "parameters": {"x": 2}} Would you like to know more?',
+     "Here are the results: Would you like to know more?", [("f", {"x": 1}), ("g", {}), ("f", {"x": 2})]),
+    ('{"name": "f", "parameters": {"query": "test"}} I used {searchTool} for this.', "I used {searchTool} for this.",
+     [("f", {"query": "test"})]),
+    ('Sure {like this}. {"answer": 4} then <|python_tag|>{"name": "g", "parameters": {"s": "}{"}}',
+     "Sure {like this}. {\"answer\": 4} then", [("g", {"s": "}{"})]),
+])
+def test_llama3_json_calls_with_text_around(text, content, calls):
+    for size in (1, 2, 5, 1000):
+        found_content, found, _ = streamed(Llama3Json(), split(text, size))
+        assert parsed(found) == calls and found_content == content
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ('It is {"name": "f", "parameters": {}}', 'It is {"name": "f", "parameters": {}}', []),
+    ('{"answer": 1} {"name": "f", "parameters": {}}', '{"answer": 1} {"name": "f", "parameters": {}}', []),
+    ('<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {}} done', "done",
+     [("f", {}), ("g", {})]),
+])
+def test_llama3_json_under_strict_tools_reads_calls_at_the_start_only(text, content, calls):
+    """Strict tools' structural tag constrains calls at the start; an object in the free text after other text
+    is not constrained, so it is not read as a call either."""
+    for size in (1, 3, 1000):
+        found_content, found, _ = streamed(Llama3Json(strict=True), split(text, size))
+        assert parsed(found) == calls and found_content == content
+
+
+def test_llama3_json_streams_text_up_to_an_object_and_a_non_call_object_once_closed():
+    reader = Llama3Json()
+    assert reader.feed("Use {").content == "Use"
+    assert reader.feed('"a": 1').content == ""
+    assert reader.feed("} now").content == ' {"a": 1} now'
+
+
+@pytest.mark.parametrize("text", ["The answer is 4.", '{"answer": 4}', '<|python_tag|>print("hi")', "<|python",
+                                  '{"name": "f", "param', "a } b { c"])
 def test_llama3_json_other_text_is_content(text):
     content, calls, _ = streamed(Llama3Json(), split(text, 3))
     assert content == text and not calls

@@ -11,8 +11,8 @@ Readers:
   call's name goes out once read, its arguments fragment by fragment.
 - `tool_choice` "auto", in the format of the model family's chat template:
   `hermes` (Qwen2.5, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, text
-  around them is content; `llama3_json` (Llama 3.1+): the whole answer is `{"name": ..., "parameters":
-  {...}}` (several separated by `;`), possibly after `<|python_tag|>`; `mistral`: `[TOOL_CALLS]` then a
+  around them is content; `llama3_json` (Llama 3.1+): `{"name": ..., "parameters": {...}}` (several
+  separated by `;`), possibly after `<|python_tag|>`, text around them content; `mistral`: `[TOOL_CALLS]` then a
   JSON list of {"name", "arguments"} (text after it is content), or v11's `name[ARGS]{...}` (`[CALL_ID]id`
   after the name dropped), also a bare list at the start when the special token was not kept. Content
   streams as it comes; a call is held until it is whole (hermes: its block; llama3_json and mistral: the
@@ -119,9 +119,11 @@ class _Content:
 class Reader(abc.ABC):
     """The interface: feed text, then finish; `calls` counts the tool calls sent. `names`: the request's
     tools (auto's readers take a call of another name for content, as OpenAI never calls an unknown tool);
-    `short_ids`: Mistral's call ids."""
+    `short_ids`: Mistral's call ids; `strict`: the answer follows strict tools' structural tag, which constrains
+    calls where hermes and mistral read them (Llama3Json reads fewer then)."""
 
-    def __init__(self, parallel: bool = True, *, names: frozenset[str] | None = None, short_ids: bool = False):
+    def __init__(self, parallel: bool = True, *, names: frozenset[str] | None = None, short_ids: bool = False,
+                 strict: bool = False):
         self._calls = _Calls(parallel, short_ids)
         self._names = names
 
@@ -374,40 +376,126 @@ class Hermes(Reader):
 
 
 class Llama3Json(Reader):
-    """The answer is calls only, or content only: decided by its first characters, the calls read at the end."""
+    """Calls are `{"name", "parameters"}` objects, several separated by `;`, possibly after `<|python_tag|>`,
+    with text around them as content (vLLM's parser finds them there too). Text streams until a `{` (or the
+    tag); an object is held until it closes: a call holds everything after it until the end (more calls, then
+    content), anything else goes out as content. `strict`: calls at the start only, where strict tools'
+    structural tag constrains them (text before them is free, and so would be a call there)."""
     TAG = "<|python_tag|>"
 
-    def __init__(self, parallel: bool = True, **kwargs):
-        super().__init__(parallel, **kwargs)
-        self._buffer, self._mode = "", None   # None until decided, then "content" or "calls"
+    def __init__(self, parallel: bool = True, *, strict: bool = False, **kwargs):
+        super().__init__(parallel, strict=strict, **kwargs)
+        self._strict, self._plain = strict, False   # plain: no call can come any more
+        self._buffer, self._content = "", _Content()
+        self._object: _ObjectEnd | None = None   # scanning the object the buffer holds (after `_skip` characters)
+        self._skip = 0
+        self._first: tuple[str, str] | None = None   # the first call, once read
 
     def feed(self, text: str) -> Delta:
-        if self._mode == "content":
-            return Delta(content=text)
         self._buffer += text
-        if self._mode is None:
-            start = self._buffer.lstrip()
-            if not start or (self.TAG.startswith(start) and start != self.TAG):
-                return Delta()
-            self._mode = "calls" if start.startswith((self.TAG, "{")) else "content"
-            if self._mode == "content":
-                text, self._buffer = self._buffer, ""
-                return Delta(content=text)
-        return Delta()
+        out = Delta()
+        while self._first is None and not self._plain:
+            if self._object is None and not self._start(out):
+                break
+            end = self._object.feed(self._buffer, self._skip)
+            if end is None:
+                return out
+            try:
+                call = _call(json.loads(self._buffer[self._skip:end]), self._names)
+            except ValueError:
+                call = None
+            self._object = None
+            if call is not None:
+                self._first, self._buffer = call, self._buffer[end:]
+            else:
+                out.content += self._content.emit(self._buffer[:end])
+                self._buffer, self._plain = self._buffer[end:], self._strict
+        if self._plain:
+            out.content += self._content.emit(self._buffer)
+            self._buffer = ""
+        return out
+
+    def _start(self, out: Delta) -> bool:
+        """Sends the content before a possible call; True once the buffer starts with an object (after the
+        tag, if any) to read."""
+        while True:
+            found = [i for i in (self._buffer.find("{"), self._buffer.find(self.TAG)) if i >= 0]
+            at = min(found) if found else len(self._buffer) - _partial_suffix(self._buffer, self.TAG)
+            before = self._buffer[:at]
+            if self._strict and before.strip():
+                self._plain = True
+                return False
+            out.content += self._content.emit(before)
+            self._buffer = self._buffer[at:]
+            if not found:
+                return False
+            tag = len(self.TAG) if self._buffer.startswith(self.TAG) else 0
+            rest = self._buffer[tag:].lstrip()
+            if not rest:
+                return False   # the tag so far
+            if rest[0] != "{":   # the tag before other text: content
+                if self._strict:
+                    self._plain = True
+                    return False
+                out.content += self._content.emit(self._buffer[:tag])
+                self._buffer = self._buffer[tag:]
+                continue
+            self._skip, self._object = len(self._buffer) - len(rest), _ObjectEnd()
+            return True
 
     def finish(self) -> Delta:
         text, self._buffer = self._buffer, ""
-        if self._mode != "calls":
-            return Delta(content=text)
-        body = text.strip().removeprefix(self.TAG)
-        values = _json_values(body, ";")
-        calls = [_call(v, self._names) for v in values or []]
-        if not calls or None in calls:
-            return Delta(content=text)
         out = Delta()
-        for call in calls:
-            out.tool_calls += self._calls.whole(*call)
+        if self._first is None:
+            out.content += self._content.emit(text)
+        else:
+            calls, after = [self._first], text
+            while True:
+                rest = after.lstrip().lstrip(";").lstrip()
+                try:
+                    value, end = json.JSONDecoder().raw_decode(rest)
+                except ValueError:
+                    break
+                call = _call(value, self._names)
+                if call is None:
+                    break
+                calls.append(call)
+                after = rest[end:]
+            for call in calls:
+                out.tool_calls += self._calls.whole(*call)
+            self._content.called()
+            out.content += self._content.emit(after)
+        out.content += self._content.flush(self.calls > 0)
         return out
+
+
+class _ObjectEnd:
+    """Where a JSON object that begins a text ends, read as the text grows (strings and escapes counted)."""
+
+    def __init__(self):
+        self._at, self._depth, self._in_string, self._escaped = 0, 0, False, False
+
+    def feed(self, text: str, start: int) -> int | None:
+        """The index after the object's closing brace in `text` (the object starts at `start`), or None yet."""
+        for i in range(start + self._at, len(text)):
+            c = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        self._at = len(text) - start
+        return None
 
 
 class Mistral(Reader):

@@ -87,7 +87,8 @@ class ToolPlan:
             return tool_parsers.Required(self.parallel, short_ids=short_ids)
         if self.choice == "auto" and self.parser:
             names = frozenset(tool["function"]["name"] for tool in self.tools)
-            return tool_parsers.AUTO[self.parser](self.parallel, names=names, short_ids=short_ids)
+            return tool_parsers.AUTO[self.parser](self.parallel, names=names, short_ids=short_ids,
+                                                  strict=any(t["function"].get("strict") for t in self.tools))
         return tool_parsers.Plain()
 
     def _parameters(self, name: str) -> dict:
