@@ -147,6 +147,7 @@ def test_structural_tag_values_are_checked_when_the_params_are_made(tag, message
     ("llama3_json", 'It is {"name": "add", "parameters": {"a": 1}}', True),   # content, as the reader takes it
     ("llama3_json", '<|python_tag|>{"name": "add"', False),
     ("mistral", 'Sure.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]', True),
+    ("mistral", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1, "b": 2}}]', True),   # as v0.3's template writes it
     ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}] and more', False),
     ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}[TOOL_CALLS]note[ARGS]{}', True),
     ("mistral", '[{"name": "add", "arguments": {}}]', False),   # a bare list the reader would take as calls

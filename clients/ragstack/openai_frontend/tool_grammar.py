@@ -68,7 +68,8 @@ def _mistral(arguments: dict[str, dict], parallel: bool) -> dict:
         for name, args in arguments.items()]}
     v11 = v11_call if not parallel else {"type": "sequence", "elements": [v11_call, {"type": "star", "content": {
         "type": "sequence", "elements": [{"type": "const_string", "value": "[TOOL_CALLS]"}, v11_call]}}]}
-    calls = {"type": "or", "elements": [_tag("[", listed, "]"), v11]}
+    # v0.3's own template writes "[TOOL_CALLS] [": the list may follow after a space
+    calls = {"type": "or", "elements": [_tag("[", listed, "]"), _tag(" [", listed, "]"), v11]}
     after_text = {"type": "dispatch", "rules": [["[TOOL_CALLS]", calls]], "loop": False}
     return {"type": "or", "elements": [
         {"type": "sequence", "elements": [_text(_WS + "\\[TOOL_CALLS\\]"), calls]},
