@@ -18,7 +18,7 @@ demo: artifacts
 # Every tier: what CI runs. Two workers, a file's tests on one of them, each worker with a session server of
 # its own: the server tiers wait on processes about half the time, so the second core fills that
 # (about 11 min instead of 17.5 on 2 cores).
-test: artifacts
+test: artifacts $(STAMPS)/node
 	$(BIN)/python -m pytest -ra -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # The edit loop: unit and engine-on-CPU tests, no server, not those marked slow (processes started,
@@ -30,13 +30,13 @@ test-fast: artifacts
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider -m 'not slow' tests/unit tests/engine $(PYTEST_ARGS)
 
 # The real server: the session server and servers of their own; then killed processes, overload, load cycles.
-test-server: artifacts
+test-server: artifacts $(STAMPS)/node
 	$(BIN)/python -m pytest -ra tests/server $(PYTEST_ARGS)
 
 test-faults: artifacts
 	$(BIN)/python -m pytest -ra tests/faults $(PYTEST_ARGS)
 
-setup: $(STAMPS)/venv
+setup: $(STAMPS)/venv $(STAMPS)/node
 
 # The venv: pinned dependencies, the project in editable mode, and the system library the
 # Python backend stub links against (Debian's libpython for the venv's Python).
@@ -49,6 +49,11 @@ $(STAMPS)/venv: requirements.lock requirements-lm-eval.lock requirements-client-
 	$(PIP) --no-deps -r requirements-lm-eval.lock $(QUIET)
 	$(PIP) --no-deps -r requirements-client-libs.lock $(QUIET)
 	$(PIP) --no-deps --no-build-isolation -e . $(QUIET) >/dev/null
+	@mkdir -p $(STAMPS) && touch $@
+
+# The official openai Node SDK, pinned, for its request flows against the frontend (tests/node_client).
+$(STAMPS)/node: tests/node_client/package.json tests/node_client/package-lock.json
+	npm ci --prefix tests/node_client --no-audit --no-fund --loglevel=error
 	@mkdir -p $(STAMPS) && touch $@
 
 # Built artifacts (ONNX models, tiny checkpoints, indexes); `ragstack build` skips what is up to date.
