@@ -14,6 +14,7 @@ from typing import Callable
 
 TTL_S = 60.0       # how long an abort waits for its request (seconds); a request later still generates
 MAX_KEYS = 4096    # the oldest go first beyond it
+MAX_KEY_CHARS = 128   # every caller's key is a uuid4's 32 hex digits; a longer one is not kept (anyone may abort)
 
 
 class EarlyAborts:
@@ -23,6 +24,8 @@ class EarlyAborts:
         self._expiry: OrderedDict[str, float] = OrderedDict()   # in the order added: expiries ascending
 
     def add(self, key: str) -> None:
+        if len(key) > MAX_KEY_CHARS:
+            return
         now = self._clock()
         self._expiry.pop(key, None)
         self._expiry[key] = now + self.ttl_s

@@ -330,7 +330,13 @@ def test_the_tool_call_parser_flag_reads_llama3_json(llama3_frontend):
             model="llm", messages=ASK, tools=TOOLS, seed=6, stream=True, extra_body={"guided_regex": call},
             **SAMPLED))
         assert [c["name"] for c in calls] == ["add"] and content is None and reason == "tool_calls"
-        # A Hermes block is not Llama's format: with a strict tool, Llama's calls are read at the start only.
+        # Llama's calls are read wherever they begin (as vLLM's parser finds them; the guided regex, not strict
+        # tools' tag, holds this answer): a Hermes block's call is read too, its tags left as content, and the
+        # call of a tool not given stays content.
         [choice] = other.chat.completions.create(model="llm", messages=ASK, tools=TOOLS, seed=5,
                                                  extra_body={"guided_regex": HERMES_CALL}, **SAMPLED).choices
+        assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+        assert choice.message.content == "<tool_call>\n</tool_call>"
+        [choice] = other.chat.completions.create(model="llm", messages=ASK, tools=TOOLS, seed=5, extra_body={
+            "guided_regex": HERMES_CALL.replace("get_weather", "get_time")}, **SAMPLED).choices
         assert choice.message.content.startswith("<tool_call>") and not choice.message.tool_calls

@@ -45,3 +45,11 @@ def test_the_oldest_keys_go_beyond_the_bound():
     for key in "abcd":
         aborts.add(key)
     assert len(aborts) == 3 and not aborts.take("a") and all(map(aborts.take, "bcd"))
+
+
+def test_long_keys_are_not_kept():
+    """Review 17: anyone may send an abort; 300 keys of 1 MB held 290 MiB in a stub for 60 s."""
+    aborts = EarlyAborts(clock=Clock())
+    aborts.add("k" * 129)
+    aborts.add("u" * 32)
+    assert len(aborts) == 1 and not aborts.take("k" * 129) and aborts.take("u" * 32)

@@ -58,6 +58,8 @@ REFUSED = [
     ({"type": ["string", "null"], "pattern": "^a+$", "minLength": 3}, "a", "minLength"),
     ({"type": "string", "pattern": "^P(?=\\d)\\d*$"}, "P", "pattern"),
     ({"type": "string", "format": "duration", "pattern": "^P(?!T)[0-9DT]+$"}, "PT", "pattern"),
+    ({"type": "object", "patternProperties": {"^(?!x)[a-z]+$": I}, "additionalProperties": False}, {"xa": 1},
+     "patternProperties"),
     ({"type": "string", "format": "date", "maxLength": 3}, "2020-01-01", "maxLength"),
     ({"type": "string", "format": "json-pointer", "minLength": 1}, "", "minLength"),
     ({"type": "string", "pattern": "^a*$", "minLength": 1}, "", "minLength"),

@@ -19,6 +19,8 @@ def test_an_overload_waits_a_second_what_is_not_ready_five():
     restarting = from_triton("the engine is restarting after a failure (killed); retry in a few seconds",
                              "StatusCode.UNAVAILABLE")
     assert (full.status, full.code, full.response().headers["retry-after"]) == (503, "overloaded", "1")
+    queued = from_triton("in ensemble 'rag', Exceeds maximum queue size", None)
+    assert (queued.status, queued.code, queued.response().headers["retry-after"]) == (503, "overloaded", "1")
     assert (restarting.status, restarting.code, restarting.response().headers["retry-after"]) == (
         503, "unavailable", "5")
 

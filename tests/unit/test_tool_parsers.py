@@ -162,6 +162,9 @@ def test_llama3_json_calls(text, calls):
      [("f", {"query": "test"})]),
     ('Sure {like this}. {"answer": 4} then <|python_tag|>{"name": "g", "parameters": {"s": "}{"}}',
      "Sure {like this}. {\"answer\": 4} then", [("g", {"s": "}{"})]),
+    ('[{"name": "f", "parameters": {"x": 1}}, {"name": "g", "parameters": {}}]', "", [("f", {"x": 1}), ("g", {})]),
+    ('Results: [1, 2] {"name": "f", "parameters": {}}; {"answer": 1}', 'Results: [1, 2] {"answer": 1}', [("f", {})]),
+    ('{"name": "f", "parameters": {}}<|python_tag|>{"name": "g", "parameters": {}}', "", [("f", {}), ("g", {})]),
 ])
 def test_llama3_json_calls_with_text_around(text, content, calls):
     for size in (1, 2, 5, 1000):
@@ -172,6 +175,7 @@ def test_llama3_json_calls_with_text_around(text, content, calls):
 @pytest.mark.parametrize("text, content, calls", [
     ('It is {"name": "f", "parameters": {}}', 'It is {"name": "f", "parameters": {}}', []),
     ('{"answer": 1} {"name": "f", "parameters": {}}', '{"answer": 1} {"name": "f", "parameters": {}}', []),
+    ('[{"name": "f", "parameters": {}}]', '[{"name": "f", "parameters": {}}]', []),   # free text to the tag
     ('<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {}} done', "done",
      [("f", {}), ("g", {})]),
 ])
@@ -183,11 +187,28 @@ def test_llama3_json_under_strict_tools_reads_calls_at_the_start_only(text, cont
         assert parsed(found) == calls and found_content == content
 
 
-def test_llama3_json_streams_text_up_to_an_object_and_a_non_call_object_once_closed():
+def test_llama3_json_holds_text_only_while_it_may_begin_a_call():
     reader = Llama3Json()
     assert reader.feed("Use {").content == "Use"
-    assert reader.feed('"a": 1').content == ""
-    assert reader.feed("} now").content == ' {"a": 1} now'
+    assert reader.feed('"a": 1} now').content == ' {"a": 1} now'       # not `{"name"`: content at once
+    assert reader.feed(' and {"na').content == " and"
+    assert reader.feed('me": "x", "parameters": {').content == ""      # a call, maybe: held until it closes
+    assert reader.feed("}} done").content == ""
+    delta = reader.finish()
+    assert delta.content == " done" and [c["function"]["name"] for c in delta.tool_calls if "id" in c] == ["x"]
+
+
+@pytest.mark.parametrize("text", [
+    "The set \\frac{a}{b is wrong; " + "more prose. " * 50,
+    'Use {"key: value} in the config, then ' + "more prose. " * 50,
+    "function f(x) {\n" + "  console.log(x);\n" * 50 + "}",
+])
+def test_llama3_json_streams_braces_that_begin_no_call(text):
+    """Review 17: any `{` held the rest of the answer until it closed, or to the end."""
+    reader, sent = Llama3Json(), ""
+    for piece in split(text, 4):
+        sent += reader.feed(piece).content
+    assert len(sent) >= len(text.rstrip()) - 4 and (sent + reader.finish().content) == text
 
 
 @pytest.mark.parametrize("text", ["The answer is 4.", '{"answer": 4}', '<|python_tag|>print("hi")', "<|python",
@@ -216,6 +237,9 @@ def test_llama3_json_content_streams_once_the_start_says_so():
     ('[TOOL_CALLS] [{"name": "f", "arguments": {"x": 1}}]\nextra trailing data', "extra trailing data",
      [("f", {"x": 1})]),                                                   # vLLM streams the text after as content
     ('[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"x": 1}', "", [("f", {"x": 1})]),   # v11's id before the arguments
+    ('[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}] I will also check. [TOOL_CALLS][{"name": "g", '
+     '"arguments": {}}]', "I will also check.", [("f", {"x": 1}), ("g", {})]),   # text between two lists
+    ('[TOOL_CALLS]f[ARGS]{"x": 1} trailing text', "trailing text", [("f", {"x": 1})]),
 ])
 def test_mistral(text, content, calls):
     for size in (1, 4, 100):

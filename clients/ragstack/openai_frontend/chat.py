@@ -44,6 +44,7 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         "tool_choice", tool_plan.strict_constraint() if tool_plan else {}, "tools")
     if tool_plan is not None and served.kind != "rag":
         sampling = {**tool_plan.sampling(), **sampling}   # the request's own keys win
+        tool_plan.structural = constrained_by == "tools"   # strict tools' tag holds the answer (not one of its own)
     params = {**{key: key for key in (*SAMPLING_KEYS, *asked)}, "messages": "messages", "text_input": "messages",
               "prompt": "messages", "query": "messages", "text": "messages", "logprobs": "top_logprobs",
               "tools": "tools", "chat_template_kwargs": "chat_template_kwargs",

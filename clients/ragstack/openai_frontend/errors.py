@@ -67,7 +67,8 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
     step = _WRAPPER.sub("", message)   # what the model said, without the ensemble's and Triton's framing
     if status == 404:
         return APIError(404, message, "model", "model_not_found")
-    if status == 503 and step.endswith("retry later"):   # the llm's full queue, rag_generate's max_inflight
+    # the llm's full queue, rag_generate's max_inflight; Triton's own queue (a model's max_queue_size)
+    if status == 503 and (step.endswith("retry later") or "Exceeds maximum queue size" in step):
         return APIError(503, step, code="overloaded")
     if status != 400:
         return APIError(status, step, code=code.lower())

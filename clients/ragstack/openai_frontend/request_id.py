@@ -1,6 +1,6 @@
 """ASGI middleware: every answer carries `x-request-id`, as OpenAI's do and vLLM's with
---enable-request-id-headers: the client's own `x-request-id` when it sent a usable one (printable ASCII,
-up to MAX_REQUEST_ID_CHARS), else a new uuid4. The SDKs read it into a completion's `_request_id` and an
+--enable-request-id-headers: the client's own `x-request-id` when it sent a usable one (visible ASCII, no
+spaces, up to MAX_REQUEST_ID_CHARS), else a new uuid4. The SDKs read it into a completion's `_request_id` and an
 error's `request_id`, what users quote in a bug report."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ its tool, in the format of the model family (tool_parsers.AUTO reads it back):
   calls).
 - `llama3_json`: either calls only, `{"name": "f", "parameters": ARGS}` separated by `;` (one without
   parallel calls), or content whose first character (after whitespace) is neither `{` nor `<|`, the two
-  ways the reader takes an answer as calls.
+  ways the reader of strict tools' answers takes one as calls (`Llama3Json(strict=True)`: at the start only).
 - `mistral`: `[TOOL_CALLS]` then `[{"name": "f", "arguments": ARGS}, ...]` (or v11's `f[ARGS]ARGS`,
   several joined by `[TOOL_CALLS]`), and nothing after it; before it free text that does not start with
   `[` (the reader takes an answer starting `[{` as calls).

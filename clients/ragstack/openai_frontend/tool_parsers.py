@@ -87,33 +87,38 @@ class _Content:
     ("Sure.<call>Done." reads "Sure. Done.", not "Sure.Done.")."""
 
     def __init__(self):
-        self.held = ""
+        self._held: list[str] = []   # whitespace only (a list: a long run held piece by piece stays linear)
         self.after_call = False
         self.sent = False
         self.before_call = ""   # the whitespace held back when the first call of a run began
 
     def emit(self, text: str) -> str:
-        text = self.held + text
+        if not text or text.isspace():
+            self._held.append(text)
+            return ""
+        text = self._take_held() + text
         if self.after_call:
             body = text.lstrip()
-            if not body:
-                self.held = text
-                return ""
             gap = text[:len(text) - len(body)] or self.before_call or " "
             text, self.after_call = (gap if self.sent else "") + body, False
         kept = text.rstrip()
-        self.held = text[len(kept):]
-        self.sent = self.sent or bool(kept)
+        self._held = [text[len(kept):]]
+        self.sent = True
         return kept
 
     def called(self) -> None:
+        held = self._take_held()
         if not self.after_call:
-            self.before_call = self.held
-        self.held, self.after_call = "", True
+            self.before_call = held
+        self.after_call = True
 
     def flush(self, called: bool) -> str:
-        text, self.held = self.held, ""
+        text = self._take_held()
         return "" if called else text
+
+    def _take_held(self) -> str:
+        text, self._held = "".join(self._held), []
+        return text
 
 
 class Reader(abc.ABC):
@@ -376,12 +381,14 @@ class Hermes(Reader):
 
 
 class Llama3Json(Reader):
-    """Calls are `{"name", "parameters"}` objects, several separated by `;`, possibly after `<|python_tag|>`,
-    with text around them as content (vLLM's parser finds them there too). Text streams until a `{` (or the
-    tag); an object is held until it closes: a call holds everything after it until the end (more calls, then
-    content), anything else goes out as content. `strict`: calls at the start only, where strict tools'
+    """Calls are `{"name": ..., "parameters": ...}` objects (or a JSON list of them), several separated by `;`,
+    possibly after `<|python_tag|>`, with text around them as content (vLLM's parser finds them there too): the
+    first run of calls is read. Text streams as it comes; from a `{` (or a `[` before one) that begins
+    `{"name"`, it is held until the object closes: a call holds everything after it until the end (more calls,
+    then content), anything else goes out as content. `strict`: calls at the start only, where strict tools'
     structural tag constrains them (text before them is free, and so would be a call there)."""
     TAG = "<|python_tag|>"
+    KEY = '"name"'
 
     def __init__(self, parallel: bool = True, *, strict: bool = False, **kwargs):
         super().__init__(parallel, strict=strict, **kwargs)
@@ -389,24 +396,21 @@ class Llama3Json(Reader):
         self._buffer, self._content = "", _Content()
         self._object: _ObjectEnd | None = None   # scanning the object the buffer holds (after `_skip` characters)
         self._skip = 0
-        self._first: tuple[str, str] | None = None   # the first call, once read
+        self._read: list[tuple[str, str]] = []   # the first run's calls, once read
 
     def feed(self, text: str) -> Delta:
         self._buffer += text
         out = Delta()
-        while self._first is None and not self._plain:
+        while not self._read and not self._plain:
             if self._object is None and not self._start(out):
                 break
             end = self._object.feed(self._buffer, self._skip)
             if end is None:
                 return out
-            try:
-                call = _call(json.loads(self._buffer[self._skip:end]), self._names)
-            except ValueError:
-                call = None
+            calls = self._calls_in(self._buffer[self._skip:end])
             self._object = None
-            if call is not None:
-                self._first, self._buffer = call, self._buffer[end:]
+            if calls:
+                self._read, self._buffer = calls, self._buffer[end:]
             else:
                 out.content += self._content.emit(self._buffer[:end])
                 self._buffer, self._plain = self._buffer[end:], self._strict
@@ -416,55 +420,82 @@ class Llama3Json(Reader):
         return out
 
     def _start(self, out: Delta) -> bool:
-        """Sends the content before a possible call; True once the buffer starts with an object (after the
-        tag, if any) to read."""
+        """Sends the content before a possible call; True once the buffer starts (after the tag, if any) with
+        an object or list that begins as a call, whose end `_object` then looks for."""
         while True:
-            found = [i for i in (self._buffer.find("{"), self._buffer.find(self.TAG)) if i >= 0]
+            found = [i for i in (self._buffer.find("{"), self._buffer.find("["), self._buffer.find(self.TAG))
+                     if i >= 0]
             at = min(found) if found else len(self._buffer) - _partial_suffix(self._buffer, self.TAG)
-            before = self._buffer[:at]
-            if self._strict and before.strip():
+            if self._strict and self._buffer[:at].strip():
                 self._plain = True
                 return False
-            out.content += self._content.emit(before)
+            out.content += self._content.emit(self._buffer[:at])
             self._buffer = self._buffer[at:]
             if not found:
                 return False
             tag = len(self.TAG) if self._buffer.startswith(self.TAG) else 0
             rest = self._buffer[tag:].lstrip()
-            if not rest:
-                return False   # the tag so far
-            if rest[0] != "{":   # the tag before other text: content
+            begins = self._begins_call(rest)
+            if begins is None:
+                return False   # not known yet
+            if not begins:
                 if self._strict:
                     self._plain = True
                     return False
-                out.content += self._content.emit(self._buffer[:tag])
-                self._buffer = self._buffer[tag:]
+                taken = tag or 1   # the tag, or the bracket, is content
+                out.content += self._content.emit(self._buffer[:taken])
+                self._buffer = self._buffer[taken:]
                 continue
             self._skip, self._object = len(self._buffer) - len(rest), _ObjectEnd()
             return True
 
+    def _begins_call(self, text: str) -> bool | None:
+        """Whether `text` begins `{"name"` (or `[{"name"`, unless strict: the structural tag writes no list),
+        whitespace allowed; None while it still may."""
+        if text.startswith("["):
+            if self._strict:
+                return False
+            text = text[1:].lstrip()
+        if not text:
+            return None
+        if text[0] != "{":
+            return False
+        text = text[1:].lstrip()
+        if len(text) < len(self.KEY):
+            return None if self.KEY.startswith(text) else False
+        return text.startswith(self.KEY)
+
+    def _calls_in(self, text: str) -> list[tuple[str, str]]:
+        """The calls a JSON object or list of objects holds, all of them calls; else none."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return []
+        calls = [_call(item, self._names) for item in (value if isinstance(value, list) else [value])]
+        return calls if calls and None not in calls else []
+
     def finish(self) -> Delta:
         text, self._buffer = self._buffer, ""
         out = Delta()
-        if self._first is None:
+        if not self._read:
             out.content += self._content.emit(text)
         else:
-            calls, after = [self._first], text
-            while True:
-                rest = after.lstrip().lstrip(";").lstrip()
+            calls, after = list(self._read), text
+            while True:   # more calls, after `;` (or another tag)
+                rest = after.lstrip().removeprefix(";").lstrip().removeprefix(self.TAG).lstrip()
                 try:
                     value, end = json.JSONDecoder().raw_decode(rest)
                 except ValueError:
                     break
-                call = _call(value, self._names)
-                if call is None:
+                more = self._calls_in(json.dumps(value))
+                if not more:
                     break
-                calls.append(call)
+                calls += more
                 after = rest[end:]
             for call in calls:
                 out.tool_calls += self._calls.whole(*call)
             self._content.called()
-            out.content += self._content.emit(after)
+            out.content += self._content.emit(after.lstrip().removeprefix(";"))
         out.content += self._content.flush(self.calls > 0)
         return out
 
@@ -540,32 +571,35 @@ class Mistral(Reader):
         return out
 
     def _read(self, text: str) -> tuple[list[tuple[str, str]], str] | None:
-        """The calls, and the text after a list of them (content, as vLLM streams it), or None."""
-        calls, after = [], ""
+        """The calls, and the text after each part's calls (content, as vLLM streams it), or None."""
+        calls, after = [], []
         for part in text.split(self.MARK):
             part = part.strip()
             if not part:
                 continue
-            if part.startswith("["):   # [{"name": ..., "arguments": {...}}, ...], maybe text after it
-                try:
-                    value, end = json.JSONDecoder().raw_decode(part)
-                except ValueError:
-                    return None
-                if not isinstance(value, list):
-                    return None
-                found, after = [_call(v, self._names) for v in value], part[end:]
+            if part.startswith("["):   # [{"name": ..., "arguments": {...}}, ...]
+                value, end = _json_prefix(part)
+                found = [_call(v, self._names) for v in value] if isinstance(value, list) else [None]
             else:                      # v11: name[ARGS]{...} (name[CALL_ID]id[ARGS]{...}), or name{...}
                 at = part.find(self.ARGS)
-                name, arguments = (part[:at], part[at + len(self.ARGS):]) if at >= 0 else \
-                    (part[:part.find("{")], part[part.find("{"):]) if "{" in part else (part, "")
-                values = _json_values(arguments)
-                name = name.split(self.CALL_ID)[0].strip()
-                found = [_call({"name": name, "arguments": values[0]}, self._names)] \
-                    if values and len(values) == 1 else [None]
+                at, skip = (at, len(self.ARGS)) if at >= 0 else (part.find("{"), 0) if "{" in part else (len(part), 0)
+                value, end = _json_prefix(part[at + skip:])
+                end += at + skip
+                name = part[:at].split(self.CALL_ID)[0].strip()
+                found = [_call({"name": name, "arguments": value}, self._names)]
             if not found or None in found:
                 return None
             calls += found
-        return (calls, after) if calls else None
+            after.append(part[end:].strip())
+        return (calls, " ".join(text for text in after if text)) if calls else None
+
+
+def _json_prefix(text: str) -> tuple[Any, int]:
+    """The JSON value `text` begins with and where it ends, or (None, 0)."""
+    try:
+        return json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None, 0
 
 
 AUTO = {"hermes": Hermes, "llama3_json": Llama3Json, "mistral": Mistral}

@@ -134,6 +134,10 @@ def _enforced(schema: dict, at: str, parts: tuple, implied: str | None) -> None:
     for keyword in IGNORED:
         if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False):
             _refuse(at, parts, keyword, "is not enforced by the grammar compiler; remove it")
+    names = schema.get("patternProperties")
+    if isinstance(names, dict) and any(has_lookaround(name) for name in names):
+        _refuse(at, parts, "patternProperties", "has a pattern with a lookahead or lookbehind ((?=, (?!, (?<=, (?<!), "
+                                                "which the grammar compiler does not enforce; remove it")
     ref = schema.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
         _refuse(at, parts, "$ref", f"{ref[:64]!r} is not enforced by the grammar compiler, which resolves only '#' "

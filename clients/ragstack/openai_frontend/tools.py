@@ -51,6 +51,7 @@ class ToolPlan:
     parallel: bool = True
     parser: str | None = None   # auto's format (tool_parsers.AUTO), set by `resolve`
     call_format: str | None = None   # the chat template's tool-call format, set by `resolve`
+    structural: bool = False    # auto's answer held by strict tools' structural tag (set by chat.py)
 
     def constraint(self) -> dict[str, Any]:
         """The sampling keys that constrain the output, none for auto and none."""
@@ -88,7 +89,7 @@ class ToolPlan:
         if self.choice == "auto" and self.parser:
             names = frozenset(tool["function"]["name"] for tool in self.tools)
             return tool_parsers.AUTO[self.parser](self.parallel, names=names, short_ids=short_ids,
-                                                  strict=any(t["function"].get("strict") for t in self.tools))
+                                                  strict=self.structural)
         return tool_parsers.Plain()
 
     def _parameters(self, name: str) -> dict:
