@@ -38,12 +38,14 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import string
 import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HF_BASELINE = Path(__file__).resolve().parent / "serving_baselines" / "hf_generate"
 HF_SYSTEM = "hf-generate (triton)"
 OPENAI_SYSTEM = "openai frontend"
+WORKER_REQUESTS = "ragstack_openai_worker_requests"   # ragstack.openai_frontend.metrics
 TARGET_SPEEDUP = 2.6  # issue 7: the published vLLM-over-Triton-PyTorch throughput gap
 # Issue 24: through Triton against in-process, same run.
 TARGET_TOK_S_SHARE = 0.98
@@ -359,7 +362,8 @@ def serve(write, model: str, system: str, levels: list[int], level_requests: lis
 
             def scrape() -> dict:
                 time.sleep(METRICS_REFRESH_S)  # the engine's counters and the observed latencies have caught up
-                return rag_bench.scrape(server.metrics_url, (*rag_bench.COUNTERS, *ENGINE_COUNTERS))
+                counters = rag_bench.scrape(server.metrics_url, (*rag_bench.COUNTERS, *ENGINE_COUNTERS))
+                return {**counters, **(worker_requests(server.openai_url) if openai is not None else {})}
 
             def run(api: str, requests: list, c: int):
                 if pool is None:
@@ -376,8 +380,19 @@ def serve(write, model: str, system: str, levels: list[int], level_requests: lis
                     engine = [counters.get((counter, model), 0.0) for counter in ENGINE_COUNTERS]
                     rows.append(summarize(name, c, results, elapsed, rag_bench.breakdown({}, counters).get(model),
                                           engine))
+                    if name == openai_system:
+                        rows[-1]["requests_per_worker"] = sorted(
+                            (round(n) for (key, _), n in counters.items() if key == WORKER_REQUESTS), reverse=True)
                     print(rows[-1], flush=True)
     return rows
+
+
+def worker_requests(frontend_url: str) -> dict[tuple[str, str], float]:
+    """{(WORKER_REQUESTS, pid): requests answered} of each frontend worker, from the frontend's /metrics: how
+    the kernel spread the benchmark's connections over the workers."""
+    text = urllib.request.urlopen(f"{frontend_url}/metrics", timeout=10).read().decode()
+    return {(WORKER_REQUESTS, pid or ""): float(value) for pid, value in re.findall(
+        rf'^{WORKER_REQUESTS}(?:{{pid="(\d+)"}})? (\S+)$', text, re.MULTILINE)}
 
 
 def within_target(through: float, alone: float) -> bool:
@@ -413,7 +428,9 @@ def comparison(rows: list[dict], c: int) -> str:
                          f"TTFT p50 {o['ttft_p50_ms']:,.1f} vs {t['ttft_p50_ms']:,.1f} ms "
                          f"({o['ttft_p50_ms'] - t['ttft_p50_ms']:+,.1f}), p99 {o['ttft_p99_ms']:,.1f} "
                          f"vs {t['ttft_p99_ms']:,.1f} ms (issue 22 targets: "
-                         f"{'met' if not missed else 'MISSED ' + ', '.join(missed)}){own_share(o, t)}")
+                         f"{'met' if not missed else 'MISSED ' + ', '.join(missed)}){own_share(o, t)}"
+                         + (f", requests per worker {'/'.join(map(str, o['requests_per_worker']))}"
+                            if o.get("requests_per_worker") else ""))
         return "; ".join(parts)
     p, hf = row["in-process"], row.get(HF_SYSTEM)
     parts = []

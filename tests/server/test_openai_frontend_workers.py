@@ -166,6 +166,11 @@ def test_both_workers_answer_concurrent_requests_and_metrics_add_up(frontend):
     assert sum(counts.values()) == sum(expected.values())
     for _ in range(4):   # the sums whichever worker answers the scrape
         assert {k: v for k, v in scraped(frontend).items() if k != "/health"} == expected
+    # and each worker's own count, by its pid: how the connections were spread
+    text = urllib.request.urlopen(f"{frontend.url}/metrics", timeout=10).read().decode()
+    own = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+        r'^ragstack_openai_worker_requests\{pid="(\d+)"\} (\S+)$', text, re.MULTILINE)}
+    assert own == {pid: n for pid, n in counts.items()}, text
     assert all(process_tree.is_alive(pid) for pid in frontend.workers)
 
 

@@ -21,6 +21,15 @@ def test_run_openai_reads_each_request_on_kept_alive_connections(triton_server):
     assert all(r.ttft > 0 and len(r.gaps) <= n - 1 for r, (_, n) in zip(results, requests))
 
 
+def test_the_frontends_requests_per_worker_are_read_from_its_metrics(triton_server):
+    """bench_serving's spread of the connections over the frontend's workers (one here: no pid label)."""
+    before = bench_serving.worker_requests(triton_server.openai_url)
+    asyncio.run(bench_serving.run_openai(triton_server.openai_url, [("Hello", 2)] * 3, concurrency=3))
+    after = bench_serving.worker_requests(triton_server.openai_url)
+    key = (bench_serving.WORKER_REQUESTS, "")
+    assert list(after) == [key] and after[key] - before.get(key, 0) == 3
+
+
 def test_one_connection_serves_requests_one_after_the_other(triton_server):
     address = urllib.parse.urlsplit(triton_server.openai_url)
 

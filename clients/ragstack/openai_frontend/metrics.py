@@ -1,5 +1,5 @@
 """The frontend's own Prometheus metrics, on its `GET /metrics` (the compose Prometheus scrapes them):
-requests, errors, latency and time to first token, by endpoint and model.
+requests, errors, latency and time to first token, by endpoint and model; the requests each worker answered.
 
 `model` is a model the frontend serves or "" (a name it refused): client-chosen names never become
 series. An error in a stream already answered 200 counts with the error's status.
@@ -40,6 +40,10 @@ TTFT = Histogram("ragstack_openai_time_to_first_token_seconds", "Arrival to a st
                  LABELS, buckets=BUCKETS, registry=REGISTRY)
 IN_FLIGHT = Gauge("ragstack_openai_requests_in_flight", "Requests being answered now", ("endpoint",),
                   registry=REGISTRY, multiprocess_mode="livesum")
+# One series per live worker (its pid, with several): how the kernel spread the clients' connections over them.
+WORKER_REQUESTS = Gauge("ragstack_openai_worker_requests", "API requests this worker process answered (probes apart)",
+                        registry=REGISTRY, multiprocess_mode="liveall")
+PROBES = ("/health", "/ping", "/version")
 # The endpoint label: the API's paths (probes apart from requests), anything else as "other".
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
              "/score", "/v1/score", "/v1/models", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize",
@@ -107,6 +111,8 @@ class Metrics:
             IN_FLIGHT.labels(endpoint).dec()
             model = state.get("model", "")
             REQUESTS.labels(endpoint, model).inc()
+            if endpoint not in PROBES:
+                WORKER_REQUESTS.inc()
             LATENCY.labels(endpoint, model).observe(time.perf_counter() - state["started"])
             status = state.get("error_status", status)
             if status >= 400:
