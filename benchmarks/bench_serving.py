@@ -381,8 +381,9 @@ def serve(write, model: str, system: str, levels: list[int], level_requests: lis
                     rows.append(summarize(name, c, results, elapsed, rag_bench.breakdown({}, counters).get(model),
                                           engine))
                     if name == openai_system:
-                        rows[-1]["requests_per_worker"] = sorted(
-                            (round(n) for (key, _), n in counters.items() if key == WORKER_REQUESTS), reverse=True)
+                        rows[-1]["requests_per_worker"] = sorted(   # a worker replaced meanwhile: its series gone
+                            (round(n) for (key, _), n in counters.items() if key == WORKER_REQUESTS and n > 0),
+                            reverse=True)
                     print(rows[-1], flush=True)
     return rows
 

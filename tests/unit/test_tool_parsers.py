@@ -333,3 +333,40 @@ def test_mistral_call_ids_are_nine_letters_and_digits():
         assert calls and all(len(c["id"]) == 9 and c["id"].isascii() and c["id"].isalnum() for c in calls)
     _, calls = collect(Hermes(), FAMILIES["hermes"])
     assert all(c["id"].startswith("call_") and len(c["id"]) == 29 for c in calls)
+
+
+@pytest.mark.parametrize("text", [
+    '{"plan": [{"name": "f", "parameters": {"q": "x"}}]}',
+    '{"tool": {"name": "f", "parameters": {}}, "why": "y"} ok',
+    'Example: {"calls": [{"name": "f", "parameters": {}}], "n": 2} ok',
+])
+def test_llama3_json_reads_no_call_inside_json_content(text):
+    """Review 18: a value that begins no call streams through whole; a call-shaped value inside it is data."""
+    for size in (1, 3, 1000):
+        content, calls, _ = streamed(Llama3Json(names=NAMES), split(text, size))
+        assert content == text and not calls
+
+
+@pytest.mark.parametrize("reader", [lambda: Llama3Json(strict=True), lambda: Mistral()])
+def test_strict_readers_take_only_jsons_whitespace_before_a_call(reader):
+    """The structural tag's free text may begin with other spaces; a call after them is not constrained."""
+    for text in ('\u00a0{"name": "f", "parameters": {}}', '\u2028[{"name": "f", "arguments": {}}]'):
+        content, calls = collect(reader(), text)
+        assert not calls and content == text
+
+
+def test_odd_arguments_are_no_call():
+    deep = '{"name": "f", "parameters": ' + "[" * 3000 + "]" * 3000 + "}"
+    surrogate = '{"name": "f", "parameters": {"s": "\\ud800"}}'
+    for text in (deep, surrogate):
+        for reader in (Llama3Json(), Hermes()):
+            body = f"<tool_call>\n{text}\n</tool_call>" if isinstance(reader, Hermes) else text
+            assert not collect(reader, body)[1]
+
+
+def test_llama3_json_reads_a_whole_answer_in_linear_time():
+    import time
+    for text in ("a [" * 40000, "[[0, 1], [1, 2]], " * 8000, "see [link](url) and {x}. " * 6000):
+        started = time.perf_counter()
+        assert collect(Llama3Json(), text) == (text, [])
+        assert time.perf_counter() - started < 0.5, len(text)

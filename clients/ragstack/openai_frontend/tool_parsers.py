@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import json
+import re
 import secrets
 import string
 import uuid
@@ -36,6 +37,9 @@ from typing import Any
 
 PARSERS = ("hermes", "llama3_json", "mistral")
 ID_CHARACTERS = string.ascii_letters + string.digits
+WHITESPACE = " \t\r\n"   # JSON's, and the structural tags' (tool_grammar._WS): what may precede a call
+WHITESPACE_RUN = re.compile(r"[ \t\r\n]*")
+MAX_GAP = 64   # whitespace a call's `{` or tag may be followed by (the bound keeps a waiting reader's rescans short)
 
 
 @dataclass
@@ -304,11 +308,16 @@ def _call(value: Any, names: frozenset[str] | None) -> tuple[str, str] | None:
     if isinstance(arguments, str):   # some models write the arguments as JSON text
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
-    return value["name"], json.dumps(arguments, ensure_ascii=False)
+    text = json.dumps(arguments, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:   # a lone surrogate (an escape such as \ud800): no UTF-8 answer could carry it
+        return None
+    return value["name"], text
 
 
 def _json_values(text: str, separators: str = "") -> list[Any] | None:
@@ -321,7 +330,7 @@ def _json_values(text: str, separators: str = "") -> list[Any] | None:
             return values or None
         try:
             value, at = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         values.append(value)
 
@@ -385,91 +394,119 @@ class Llama3Json(Reader):
     possibly after `<|python_tag|>`, with text around them as content (vLLM's parser finds them there too): the
     first run of calls is read. Text streams as it comes; from a `{` (or a `[` before one) that begins
     `{"name"`, it is held until the object closes: a call holds everything after it until the end (more calls,
-    then content), anything else goes out as content. `strict`: calls at the start only, where strict tools'
-    structural tag constrains them (text before them is free, and so would be a call there)."""
+    then content), anything else goes out as content. Any other JSON value (a bracket that begins no call)
+    streams through as content, its inside not searched for calls. `strict`: calls at the start only, where
+    strict tools' structural tag constrains them (text before them is free, and so would be a call there).
+    The buffer is scanned by position and cut once a feed, so a whole answer is read in linear time."""
     TAG = "<|python_tag|>"
     KEY = '"name"'
+    OPENING = re.compile(r"[\[{]|<\|python_tag\|>")
 
     def __init__(self, parallel: bool = True, *, strict: bool = False, **kwargs):
         super().__init__(parallel, strict=strict, **kwargs)
         self._strict, self._plain = strict, False   # plain: no call can come any more
         self._buffer, self._content = "", _Content()
-        self._object: _ObjectEnd | None = None   # scanning the object the buffer holds (after `_skip` characters)
-        self._skip = 0
+        self._object: _Brackets | None = None    # the candidate held: its value from `_skip`, read to `_scanned`
+        self._skip = self._scanned = 0
+        self._passing: _Brackets | None = None   # a value that is no call, streaming through as content
         self._read: list[tuple[str, str]] = []   # the first run's calls, once read
 
     def feed(self, text: str) -> Delta:
         self._buffer += text
-        out = Delta()
+        out, pos = Delta(), 0   # pos: what of the buffer is sent or taken
         while not self._read and not self._plain:
-            if self._object is None and not self._start(out):
-                break
-            end = self._object.feed(self._buffer, self._skip)
+            if self._passing is not None:
+                end = self._passing.advance(self._buffer, pos)
+                stop = len(self._buffer) if end is None else end
+                out.content += self._content.emit(self._buffer[pos:stop])
+                pos = stop
+                if end is None:
+                    break
+                self._passing = None
+                continue
+            if self._object is None:
+                pos, state = self._start(out, pos)
+                if state == "wait":
+                    break
+                if state == "passing":
+                    continue
+            end = self._object.advance(self._buffer, self._scanned)
             if end is None:
-                return out
+                self._scanned = len(self._buffer)
+                break
             calls = self._calls_in(self._buffer[self._skip:end])
             self._object = None
-            if calls:
-                self._read, self._buffer = calls, self._buffer[end:]
-            else:
-                out.content += self._content.emit(self._buffer[:end])
-                self._buffer, self._plain = self._buffer[end:], self._strict
+            if not calls:
+                out.content += self._content.emit(self._buffer[pos:end])
+                self._plain = self._strict
+            self._read, pos = calls, end
+        self._buffer = self._buffer[pos:]
+        self._skip, self._scanned = self._skip - pos, self._scanned - pos
         if self._plain:
             out.content += self._content.emit(self._buffer)
             self._buffer = ""
         return out
 
-    def _start(self, out: Delta) -> bool:
-        """Sends the content before a possible call; True once the buffer starts (after the tag, if any) with
-        an object or list that begins as a call, whose end `_object` then looks for."""
+    def _start(self, out: Delta, pos: int) -> tuple[int, str]:
+        """From `pos`: sends the content before a possible call; returns where it begins and "object" (a
+        candidate held from there), "passing" (a value that is no call, to stream through) or "wait"."""
         while True:
-            found = [i for i in (self._buffer.find("{"), self._buffer.find("["), self._buffer.find(self.TAG))
-                     if i >= 0]
-            at = min(found) if found else len(self._buffer) - _partial_suffix(self._buffer, self.TAG)
-            if self._strict and self._buffer[:at].strip():
+            found = self.OPENING.search(self._buffer, pos)
+            at = found.start() if found else max(pos, len(self._buffer) - _partial_suffix(self._buffer, self.TAG))
+            if self._strict and self._buffer[pos:at].strip(WHITESPACE):
                 self._plain = True
-                return False
-            out.content += self._content.emit(self._buffer[:at])
-            self._buffer = self._buffer[at:]
-            if not found:
-                return False
-            tag = len(self.TAG) if self._buffer.startswith(self.TAG) else 0
-            rest = self._buffer[tag:].lstrip()
-            begins = self._begins_call(rest)
+                return pos, "wait"
+            out.content += self._content.emit(self._buffer[pos:at])
+            pos = at
+            if found is None:
+                return pos, "wait"
+            tag = len(self.TAG) if found.group() == self.TAG else 0
+            begins, value = self._begins_call(pos + tag)
             if begins is None:
-                return False   # not known yet
-            if not begins:
-                if self._strict:
-                    self._plain = True
-                    return False
-                taken = tag or 1   # the tag, or the bracket, is content
-                out.content += self._content.emit(self._buffer[:taken])
-                self._buffer = self._buffer[taken:]
-                continue
-            self._skip, self._object = len(self._buffer) - len(rest), _ObjectEnd()
-            return True
-
-    def _begins_call(self, text: str) -> bool | None:
-        """Whether `text` begins `{"name"` (or `[{"name"`, unless strict: the structural tag writes no list),
-        whitespace allowed; None while it still may."""
-        if text.startswith("["):
+                return pos, "wait"
+            if begins:
+                self._object, self._skip, self._scanned = _Brackets(), value, value
+                return pos, "object"
             if self._strict:
-                return False
-            text = text[1:].lstrip()
-        if not text:
-            return None
-        if text[0] != "{":
-            return False
-        text = text[1:].lstrip()
-        if len(text) < len(self.KEY):
-            return None if self.KEY.startswith(text) else False
-        return text.startswith(self.KEY)
+                self._plain = True
+                return pos, "wait"
+            if tag:   # the tag before other text: content
+                out.content += self._content.emit(self.TAG)
+                pos += tag
+                continue
+            self._passing = _Brackets()
+            return pos, "passing"
+
+    def _begins_call(self, at: int) -> tuple[bool | None, int]:
+        """Whether the buffer from `at` (whitespace first) begins `{"name"` (or `[{"name"`, unless strict: the
+        structural tag writes no list), None while it still may; and where the value begins."""
+        text, start = self._buffer, at
+        at = value = _past_whitespace(text, at)
+        if at - start > MAX_GAP:
+            return False, value
+        if at < len(text) and text[at] == "[":
+            if self._strict:
+                return False, value
+            start, at = at + 1, _past_whitespace(text, at + 1)
+        if at - start > MAX_GAP:
+            return False, value
+        if at >= len(text):
+            return None, value
+        if text[at] != "{":
+            return False, value
+        start, at = at + 1, _past_whitespace(text, at + 1)
+        if at - start > MAX_GAP:
+            return False, value
+        key = text[at:at + len(self.KEY)]
+        if len(key) < len(self.KEY):
+            return (None if self.KEY.startswith(key) else False), value
+        return key == self.KEY, value
 
     def _calls_in(self, text: str) -> list[tuple[str, str]]:
         """The calls a JSON object or list of objects holds, all of them calls; else none."""
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return []
         calls = [_call(item, self._names) for item in (value if isinstance(value, list) else [value])]
         return calls if calls and None not in calls else []
@@ -483,11 +520,8 @@ class Llama3Json(Reader):
             calls, after = list(self._read), text
             while True:   # more calls, after `;` (or another tag)
                 rest = after.lstrip().removeprefix(";").lstrip().removeprefix(self.TAG).lstrip()
-                try:
-                    value, end = json.JSONDecoder().raw_decode(rest)
-                except ValueError:
-                    break
-                more = self._calls_in(json.dumps(value))
+                _, end = _json_prefix(rest)
+                more = self._calls_in(rest[:end]) if end else []
                 if not more:
                     break
                 calls += more
@@ -500,15 +534,16 @@ class Llama3Json(Reader):
         return out
 
 
-class _ObjectEnd:
-    """Where a JSON object that begins a text ends, read as the text grows (strings and escapes counted)."""
+class _Brackets:
+    """Where a JSON value that begins with a bracket closes, read as its text comes (strings and escapes
+    counted; the state kept between calls)."""
 
     def __init__(self):
-        self._at, self._depth, self._in_string, self._escaped = 0, 0, False, False
+        self._depth, self._in_string, self._escaped = 0, False, False
 
-    def feed(self, text: str, start: int) -> int | None:
-        """The index after the object's closing brace in `text` (the object starts at `start`), or None yet."""
-        for i in range(start + self._at, len(text)):
+    def advance(self, text: str, start: int) -> int | None:
+        """The index after the value's closing bracket in `text`, read from `start`; None: not closed yet."""
+        for i in range(start, len(text)):
             c = text[i]
             if self._in_string:
                 if self._escaped:
@@ -525,8 +560,12 @@ class _ObjectEnd:
                 self._depth -= 1
                 if self._depth == 0:
                     return i + 1
-        self._at = len(text) - start
         return None
+
+
+def _past_whitespace(text: str, at: int) -> int:
+    """Past the whitespace at `at`, at most MAX_GAP + 1 characters of it (a longer run begins no call)."""
+    return WHITESPACE_RUN.match(text, at, at + MAX_GAP + 1).end()
 
 
 class Mistral(Reader):
@@ -540,7 +579,7 @@ class Mistral(Reader):
         self._buffer += text
         out = Delta()
         if self._mode is None:
-            start = self._buffer.lstrip()
+            start = self._buffer.lstrip(WHITESPACE)   # as strict tools' tag reads it: other spaces are text
             if not start or start == "[" or (self.MARK.startswith(start) and start != self.MARK):
                 return out
             self._mode = "calls" if start.startswith((self.MARK, "[{")) else "content"
@@ -598,7 +637,7 @@ def _json_prefix(text: str) -> tuple[Any, int]:
     """The JSON value `text` begins with and where it ends, or (None, 0)."""
     try:
         return json.JSONDecoder().raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, 0
 
 
