@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def listen(host: str, port: int, write_timeout_s: float) -> socket.socket | None:
     """The API's socket, bound here rather than by uvicorn so that the address it got (port 0: any free
-    one) is logged once it is bound; None (said why) if it cannot be. Its connections inherit a
+    one) is logged once it is bound; None (said why) if it cannot be. Its connections inherit TCP_NODELAY and a
     TCP_USER_TIMEOUT of write_timeout_s: a stream ended for a client that takes nothing (disconnect.py)
     leaves asyncio closing the socket only once its unsent bytes are gone, and this has the kernel drop it."""
     try:
@@ -87,6 +87,9 @@ def listen(host: str, port: int, write_timeout_s: float) -> socket.socket | None
                                     backlog=2048)
         if hasattr(socket, "TCP_USER_TIMEOUT"):   # Linux
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(write_timeout_s * 1000))
+        # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and this one's is 0: without it a
+        # chunk written after the headers waited for the client's delayed ACK (40 ms on Linux).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as exc:
         print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return None
