@@ -28,3 +28,12 @@ def test_a_request_is_timed_from_when_its_slot_became_free():
     entered = {i: at for i, _, at in sent}
     assert all(entered[i] >= starts[i] for i in starts)
     assert elapsed >= 5 * WORK_S
+
+
+def test_each_slots_first_request_is_the_ramp():
+    async def send(i: int, request: str, start: float) -> Result:
+        await asyncio.sleep(0.001 * (i + 1))
+        return Result(time.perf_counter() - start, [], 1)
+
+    results, _ = asyncio.run(closed_loop(list("abcdefg"), 3, send))
+    assert [r.ramp for r in results] == [True, True, True, False, False, False, False]
