@@ -1,6 +1,10 @@
-"""The frontend's listening socket: what its connections inherit."""
+"""The listening sockets of the OpenAI frontend (and of the gateway on `::`): what their connections inherit,
+which clients they take."""
 import socket
 
+import pytest
+
+from ragstack.listen_socket import tcp_listener
 from ragstack.openai_frontend.__main__ import listen
 
 
@@ -9,7 +13,17 @@ def test_connections_send_each_chunk_at_once():
     headers waited for the client's delayed ACK (40 ms on Linux) on a kept-alive connection."""
     server = listen("127.0.0.1", 0, write_timeout_s=5.0)
     assert server is not None
-    with server, socket.create_connection(server.getsockname()) as client:
+    with server, socket.create_connection(server.getsockname()):
         accepted, _ = server.accept()
         with accepted:
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no IPv6 on this host")
+def test_the_ipv6_wildcard_takes_ipv4_clients_too():
+    with tcp_listener("::", 0, backlog=8) as server:
+        port = server.getsockname()[1]
+        for address in ("127.0.0.1", "::1"):
+            with socket.create_connection((address, port), timeout=5):
+                accepted, _ = server.accept()
+                accepted.close()

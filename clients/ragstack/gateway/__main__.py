@@ -7,13 +7,11 @@ import argparse
 import asyncio
 import logging
 import sys
-import time
 
 from ragstack import admin_key
 from ragstack.gateway import limits as gateway_limits
 from ragstack.gateway.app import ListenError, serve
-
-LOG_BURST, LOG_WINDOW_S = 20, 10.0  # log records per window; aiohttp logs each malformed request
+from ragstack.log_rate_limit import RateLimit
 
 
 def host_port(text: str) -> tuple[str, int]:
@@ -21,26 +19,6 @@ def host_port(text: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
-
-
-class RateLimit(logging.Filter):
-    """At most LOG_BURST records per LOG_WINDOW_S; the count of those left out is logged after."""
-
-    def __init__(self):
-        super().__init__()
-        self.window_start, self.passed, self.dropped = time.monotonic(), 0, 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        if now - self.window_start >= LOG_WINDOW_S:
-            if self.dropped:
-                record.msg = f"({self.dropped} log records left out in the last {LOG_WINDOW_S:g} s) {record.msg}"
-            self.window_start, self.passed, self.dropped = now, 0, 0
-        self.passed += 1
-        if self.passed > LOG_BURST:
-            self.dropped += 1
-            return False
-        return True
 
 
 def main(argv: list[str] | None = None) -> int:

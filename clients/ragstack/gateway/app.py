@@ -21,6 +21,7 @@ from ragstack.gateway.generate_body import GENERATE, GenerateBodies
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.gateway.livez import Livez
 from ragstack.gateway.upstream import Upstream, relay
+from ragstack.listen_socket import tcp_listener
 
 LISTEN_BACKLOG = 1024
 
@@ -80,12 +81,17 @@ async def serve(host: str, port: int, upstream_address: str, limits: GatewayLimi
                           keepalive_timeout=limits.idle_timeout_s)
     admission = Admission(limits)
     try:
-        listener = await loop.create_server(lambda: Gate(admission, handlers), host, port,
-                                            backlog=LISTEN_BACKLOG, reuse_address=True)
+        if host == "::":   # asyncio would take IPv6 clients only
+            listener = await loop.create_server(lambda: Gate(admission, handlers),
+                                                sock=tcp_listener(host, port, LISTEN_BACKLOG))
+        else:
+            listener = await loop.create_server(lambda: Gate(admission, handlers), host, port,
+                                                backlog=LISTEN_BACKLOG, reuse_address=True)
     except OSError as exc:
         await gateway.close()
         raise ListenError(f"cannot listen on {host}:{port}: {exc}") from None
-    print(f"[gateway] listening on http://{host}:{port}, forwarding to tritonserver at http://{upstream_address}",
+    shown = f"[{host}]" if ":" in host else host
+    print(f"[gateway] listening on http://{shown}:{port}, forwarding to tritonserver at http://{upstream_address}",
           flush=True)
     await stop.wait()
     listener.close()

@@ -31,8 +31,10 @@ class GatewayLimits:
     max_connections: int = _knob(4096, "open client connections in all; past it new ones get 503 and are closed")
     max_connections_per_client: int = _knob(256, "open connections per client address; past it 429 and closed")
     # aiohttp's keep-alive timer runs from a connection's opening and from each response until the
-    # next request's head is complete, so the one timeout ends idle and slow-header connections alike.
-    idle_timeout_s: float = _knob(30.0, "seconds a connection may go without a complete request head")
+    # next request's head is complete, so the one timeout ends idle and slow-header connections alike. Above
+    # the 60 s nginx and AWS load balancers keep idle upstream connections: a shorter one closes some as a
+    # proxy sends a POST on them, which it does not retry (a 502).
+    idle_timeout_s: float = _knob(75.0, "seconds a connection may go without a complete request head")
     body_timeout_s: float = _knob(30.0, "longest pause in a request body (408), or in a client taking a response")
     upstream_connections: int = _knob(256, "connections to Triton's HTTP port at most; requests beyond wait")
     upstream_wait_s: float = _knob(10.0, "seconds a request may wait for a connection to Triton (503 after)")

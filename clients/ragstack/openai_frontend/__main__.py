@@ -12,7 +12,9 @@ RESTART_WINDOW_S; one that exits by itself (it failed to start) ends the others 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -27,12 +29,14 @@ from prometheus_client import multiprocess
 
 from ragstack import admin_key, process_tree
 from ragstack.gateway.__main__ import host_port
+from ragstack.listen_socket import tcp_listener
+from ragstack.log_rate_limit import RateLimit
 from ragstack.openai_frontend import inflight, keys
 from ragstack.openai_frontend import limits as frontend_limits
 from ragstack.openai_frontend.app import create_app
+from ragstack.openai_frontend.connection import Connection
 from ragstack.parent_death import dying_with_parent
 
-IDLE_TIMEOUT_S = 30   # a kept-alive connection without a request
 RESTARTS, RESTART_WINDOW_S = 5, 60.0
 METRICS_PREFIX = "ragstack-openai-metrics-"   # then the supervisor's pid
 
@@ -66,34 +70,50 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if limits.workers > 1:
             return supervise(argv, sock, limits.workers)
-    # h11, not httptools: under httptools a pipelining client that leaves is never seen (its generation runs on,
-    # a line logged per chunk) and an HTTP/1.0 client gets chunked streams; h11 costs no more here
-    # (bench_openai_frontend, docs/benchmarks-journal.md).
-    config = uvicorn.Config(create_app(args.triton, limits, api_key, key), log_level="warning", http="h11",
+    # h11 (connection.py), not httptools: under httptools a pipelining client that leaves is never seen (its
+    # generation runs on, a line logged per chunk) and an HTTP/1.0 client gets chunked streams; h11 costs no more
+    # here (bench_openai_frontend, docs/benchmarks-journal.md).
+    config = uvicorn.Config(create_app(args.triton, limits, api_key, key), log_level="warning", http=Connection,
                             access_log=False, timeout_graceful_shutdown=int(args.exit_timeout),
-                            timeout_keep_alive=IDLE_TIMEOUT_S, server_header=False)
+                            timeout_keep_alive=limits.idle_timeout_s, server_header=False)
+    limited_logs()
+    more_descriptors()
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0 if server.started else 1
 
 
+def limited_logs() -> None:
+    """uvicorn logs each malformed request, asyncio each accept that fails for want of file descriptors (up to
+    the backlog's 2048 times a wakeup: CPython 3.11 retries at once): any client could fill the disk."""
+    logging.basicConfig(level=logging.WARNING, format="[openai] %(levelname)s %(name)s: %(message)s")
+    for handler in (*logging.getLogger().handlers, *logging.getLogger("uvicorn").handlers):
+        handler.addFilter(RateLimit())
+
+
+def more_descriptors() -> None:
+    """The open-file limit at its hard limit: each connection holds a descriptor, and the usual soft limit
+    (1024) is a few hundred clients with their streams' gRPC calls."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def listen(host: str, port: int, write_timeout_s: float) -> socket.socket | None:
     """The API's socket, bound here rather than by uvicorn so that the address it got (port 0: any free
-    one) is logged once it is bound; None (said why) if it cannot be. Its connections inherit TCP_NODELAY and a
-    TCP_USER_TIMEOUT of write_timeout_s: a stream ended for a client that takes nothing (disconnect.py)
-    leaves asyncio closing the socket only once its unsent bytes are gone, and this has the kernel drop it."""
+    one) is logged once it is bound; None (said why) if it cannot be. Its connections inherit TCP_NODELAY
+    (listen_socket.py) and a TCP_USER_TIMEOUT of write_timeout_s: a stream ended for a client that takes nothing
+    (disconnect.py) leaves asyncio closing the socket only once its unsent bytes are gone, and this has the kernel
+    drop it."""
     try:
-        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=2048)
+        sock = tcp_listener(host, port, backlog=2048)
         if hasattr(socket, "TCP_USER_TIMEOUT"):   # Linux
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(write_timeout_s * 1000))
-        # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and this one's is 0: without it a
-        # chunk written after the headers waited for the client's delayed ACK (40 ms on Linux).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as exc:
         print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return None
-    print(f"[openai] listening on {host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    print(f"[openai] listening on {f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}", file=sys.stderr,
+          flush=True)
     return sock
 
 

@@ -39,8 +39,9 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
         yield
         await app.state.frontend.triton.close()
 
+    # no redirect to a path without its trailing slash: its Location, built from Host, loses a proxy's prefix
     app = FastAPI(title="ragstack OpenAI-compatible API", lifespan=lifespan, openapi_url=None, docs_url=None,
-                  redoc_url=None)
+                  redoc_url=None, redirect_slashes=False)
     app.add_middleware(InternalErrors)   # innermost: the guard and the metrics see its 500s
     app.add_middleware(Guard, inflight=inflight.from_environment(limits.max_inflight), api_key=api_key)
     app.add_middleware(metrics.Metrics)   # it sees the guard's refusals too
@@ -56,7 +57,9 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     def route(path: str, handler, methods=("POST",)) -> None:
         async def endpoint(request: Request) -> Response:
             return await handler(request, request.app.state.frontend)
-        app.add_api_route(path, endpoint, methods=list(methods), include_in_schema=False)
+        # HEAD wherever GET (uptime checks and probes send it; uvicorn sends no body)
+        app.add_api_route(path, endpoint, methods=[*methods, *(["HEAD"] if "GET" in methods else [])],
+                          include_in_schema=False)
 
     for path in ("/v1/rerank", "/rerank"):
         route(path, rerank)
@@ -131,8 +134,11 @@ async def version(_request: Request, _frontend: Frontend) -> JSONResponse:
 
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own answers (no such route, a method the route does not take) in OpenAI's shape."""
+    """Starlette's own answers (no such route, a method the route does not take) in OpenAI's shape, with their
+    headers (a 405's Allow, which RFC 9110 requires)."""
     message = {404: f"no route {request.url.path}",
                405: f"{request.url.path} does not take {request.method}"}.get(exc.status_code, str(exc.detail))
-    return APIError(exc.status_code, message[:300], code="not_found" if exc.status_code == 404 else None).response()
+    response = APIError(exc.status_code, message[:300], code="not_found" if exc.status_code == 404 else None).response()
+    response.headers.update(exc.headers or {})
+    return response
 

@@ -32,6 +32,11 @@ class FrontendLimits:
     # A stream whose client reads nothing holds a place of max_inflight too (nginx's send_timeout: 60 s).
     write_timeout_s: float = _knob(60.0, "longest a streamed answer waits on a client that reads none of it, in "
                                    "seconds (the stream ends)")
+    # From a connection's opening and from each answer's end to the next request's whole head (connection.py):
+    # above the 60 s that nginx and AWS load balancers keep an idle upstream connection for reuse, so that the
+    # frontend never closes one as a proxy sends on it (a POST they do not retry: a 502).
+    idle_timeout_s: float = _knob(75.0, "seconds a connection may go without a complete request head: idle between "
+                                  "requests, or sending one slowly (the connection is closed)")
     max_inflight: int = _knob(1024, "requests served at once, per worker (the workers hold N x it together); past "
                               "it 503 with Retry-After")
     # Each choice is one llm request: n, or prompts x n for completions.

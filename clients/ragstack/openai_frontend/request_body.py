@@ -1,8 +1,8 @@
 """A request's body, bounded before it is parsed: its media type (application/json), its size
-(max_body_bytes, counted as it arrives), its pauses (body_timeout_s), its JSON nesting (max_json_depth,
-counted without parsing: Python's parser recurses), then its JSON (strict: UTF-8, no NaN, Infinity or
-number past a double's range, no string holding a lone surrogate, which no text encoding can carry on) and
-its fields (a pydantic model). Every refusal names the limit or the field."""
+(max_body_bytes, counted as it arrives), its pauses (body_timeout_s) and its whole time (MIN_BODY_RATE), its
+JSON nesting (max_json_depth, counted without parsing: Python's parser recurses), then its JSON (strict: UTF-8,
+no NaN, Infinity or number past a double's range, no string holding a lone surrogate, which no text encoding
+can carry on) and its fields (a pydantic model). Every refusal names the limit or the field."""
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +22,9 @@ M = TypeVar("M", bound=BaseModel)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _CONTAINERS = (str, dict, list)
+# A body sent a byte at a time, each within body_timeout_s, would hold a place of max_inflight for as long as it
+# lasts: a whole body gets body_timeout_s plus a second per MIN_BODY_RATE bytes of its size (or of max_body_bytes).
+MIN_BODY_RATE = 64 << 10
 
 
 async def read(request: Request, limits: FrontendLimits) -> bytes:
@@ -32,12 +35,19 @@ async def read(request: Request, limits: FrontendLimits) -> bytes:
                        code="request_too_large")
     chunks, size = [], 0
     stream = request.stream()
+    loop = asyncio.get_running_loop()
+    allowed = limits.body_timeout_s + (int(declared) if declared.isdigit() else cap) / MIN_BODY_RATE
+    deadline = loop.time() + allowed
     while True:
+        wait = min(limits.body_timeout_s, deadline - loop.time())
         try:
-            chunk = await asyncio.wait_for(stream.__anext__(), limits.body_timeout_s)
+            chunk = await asyncio.wait_for(stream.__anext__(), wait)
         except StopAsyncIteration:
             break
         except asyncio.TimeoutError:
+            if wait < limits.body_timeout_s:
+                raise APIError(408, f"the request body took more than {allowed:.0f} s (body_timeout_s, plus 1 s "
+                                    f"per {MIN_BODY_RATE >> 10} KiB it declares)", code="timeout") from None
             raise APIError(408, f"no request body data for {limits.body_timeout_s:g} s (body_timeout_s)",
                            code="timeout") from None
         size += len(chunk)
