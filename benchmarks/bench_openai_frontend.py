@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--interval", str(args.interval)], args.client_cpus))
             frontend = _start(["-m", "ragstack.openai_frontend", "--listen", f"127.0.0.1:{http_port}", "--triton",
                                f"127.0.0.1:{grpc_port}",
-                               *(["--openai-workers", str(args.openai_workers)] if args.openai_workers > 1 else [])],
+                               "--openai-workers", str(args.openai_workers)],
                               args.frontend_cpus)
             procs.append(frontend)
             _wait_http(f"http://127.0.0.1:{http_port}/health")

@@ -255,7 +255,8 @@ def summarize(system: str, concurrency: int, results: list[Result], elapsed: flo
     ttft = [r.ttft for r in results]
     # The ramp's requests (a third of a level of 3 x its streams) wait for each other's prefills, the same on
     # every system, and whether the p50 falls among them or after them moves it by tens of ms from round to
-    # round: the requests after it are the steadier comparison of two ways in.
+    # round: the requests after it are the steadier comparison of two ways in. (Where a round holds few requests
+    # beyond its streams, those after the ramp run as the loop winds down, at less than the level's load.)
     settled = [r.ttft for r in results if not r.ramp]
     gaps = [g for r in results for g in r.gaps]
     server = server or {}
@@ -424,8 +425,10 @@ def own_share(frontend: dict, grpc: dict) -> str:
 def after_ramp(frontend: dict, grpc: dict) -> str:
     """The TTFT p50s of the requests after each level's ramp (summarize), against the same +5 ms."""
     o, t = frontend.get("ttft_after_ramp_p50_ms"), grpc.get("ttft_after_ramp_p50_ms")
-    if o is None or t is None or np.isnan(o) or np.isnan(t):
+    if o is None or t is None:   # a record from before the ramp was marked
         return ""
+    if np.isnan(o) or np.isnan(t):   # every request was some round's ramp (as many rounds as streams fit)
+        return ", after the ramp: no requests (fewer rounds or more requests per round give some)"
     met = "met" if o <= t + TARGET_OPENAI_TTFT_SLACK_MS else "MISSED"
     return f", after the ramp TTFT p50 {o:,.1f} vs {t:,.1f} ms ({o - t:+,.1f}: {met})"
 

@@ -99,6 +99,10 @@ def test_head_where_get_and_a_405_names_the_methods(frontend):
         status, headers, body = read_response(sock)
     assert status == 405 and set(headers["allow"].replace(" ", "").split(",")) == {"GET", "HEAD"}
     assert b"/version does not take PUT" in body
+    with connect(frontend) as sock:
+        sock.sendall(request_bytes("HEAD", "/metrics"))
+        status, headers, rest = read_response_head(sock)
+    assert status == 200 and headers["content-type"].startswith("text/plain") and rest == b""
 
 
 def test_a_trailing_slash_is_no_route_not_a_redirect(frontend):

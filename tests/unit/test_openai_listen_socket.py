@@ -1,11 +1,12 @@
 """The listening sockets of the OpenAI frontend (and of the gateway on `::`): what their connections inherit,
 which clients they take."""
+import resource
 import socket
 
 import pytest
 
 from ragstack.listen_socket import tcp_listener
-from ragstack.openai_frontend.__main__ import listen
+from ragstack.openai_frontend.__main__ import listen, more_descriptors
 
 
 def test_connections_send_each_chunk_at_once():
@@ -27,3 +28,16 @@ def test_the_ipv6_wildcard_takes_ipv4_clients_too():
             with socket.create_connection((address, port), timeout=5):
                 accepted, _ = server.accept()
                 accepted.close()
+
+
+def test_the_open_file_limit_is_raised_towards_the_hard_one():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 512:
+        pytest.skip(f"hard open-file limit {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        more_descriptors()
+        raised, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised > 256
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

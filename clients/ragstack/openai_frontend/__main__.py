@@ -38,6 +38,7 @@ from ragstack.openai_frontend.connection import Connection
 from ragstack.parent_death import dying_with_parent
 
 RESTARTS, RESTART_WINDOW_S = 5, 60.0
+MAX_DESCRIPTORS = 1 << 20
 METRICS_PREFIX = "ragstack-openai-metrics-"   # then the supervisor's pid
 
 
@@ -85,18 +86,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def limited_logs() -> None:
     """uvicorn logs each malformed request, asyncio each accept that fails for want of file descriptors (up to
-    the backlog's 2048 times a wakeup: CPython 3.11 retries at once): any client could fill the disk."""
+    the backlog's 2048 times a wakeup: CPython 3.11 retries at once): any client could fill the disk. Each of
+    the two loggers has a budget of its own; the frontend's own errors have none."""
     logging.basicConfig(level=logging.WARNING, format="[openai] %(levelname)s %(name)s: %(message)s")
-    for handler in (*logging.getLogger().handlers, *logging.getLogger("uvicorn").handlers):
-        handler.addFilter(RateLimit())
+    for name in ("asyncio", "uvicorn.error"):
+        logging.getLogger(name).addFilter(RateLimit())
 
 
 def more_descriptors() -> None:
-    """The open-file limit at its hard limit: each connection holds a descriptor, and the usual soft limit
-    (1024) is a few hundred clients with their streams' gRPC calls."""
+    """The open-file limit raised towards its hard limit (at most MAX_DESCRIPTORS): each connection holds a
+    descriptor, and the usual soft limit (1024) is a few hundred clients with their streams' gRPC calls. Where
+    the system refuses (macOS caps the soft limit below an unlimited hard one), the limit stays as it was."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    wanted = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def listen(host: str, port: int, write_timeout_s: float) -> socket.socket | None:

@@ -80,7 +80,7 @@ def create_app(triton_address: str, limits: FrontendLimits, api_key: str | None,
     route("/health", health, ("GET",))
     route("/ping", health, ("GET", "POST"))   # vLLM's (SageMaker's health check)
     route("/version", version, ("GET",))
-    app.add_api_route("/metrics", metrics.exposition, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/metrics", metrics.exposition, methods=["GET", "HEAD"], include_in_schema=False)
     return app
 
 

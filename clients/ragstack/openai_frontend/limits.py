@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from dataclasses import dataclass, field, fields
 
@@ -15,14 +14,6 @@ from dataclasses import dataclass, field, fields
 # levels, the input's own list or object the first, scalars included).
 LLM_JSON_BYTES = 64 << 10
 LLM_JSON_DEPTH = 16
-
-
-def default_workers() -> int:
-    """One frontend worker per 4 cores this process may use, 1 to 8: on an H100 host's 16, one worker at 64
-    streams added 42 ms to the mean TTFT and at 256 gave 89% of direct gRPC's tokens/s (it relays about 4,600
-    chunks/s there beside the llm's stubs and engine), where 8 added 2-3 ms; a 2-core machine keeps 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(8, cores // 4))
 
 
 def _knob(default, help_text: str, choices: tuple[str, ...] | None = None):
@@ -68,9 +59,8 @@ class FrontendLimits:
     # Processes serving the API on one port (one event loop each: one streams at most about 10,000 chunks/s on
     # a 2 GHz core, benchmarks/bench_openai_frontend.py); their /metrics add up (prometheus_client's
     # multiprocess mode).
-    workers: int = _knob(default_workers(), "processes serving the API on the one port, each its own event loop "
-                         "and gRPC channel; default: one per 4 cores this process may use, 1 to 8 "
-                         "(docs/operations.md)")
+    workers: int = _knob(1, "processes serving the API on the one port, each its own event loop and gRPC "
+                         "channel; give a GPU host 4 or more (docs/operations.md)")
     # How tool_choice "auto" reads tool calls (docs/openai.md): auto, the format the llm's chat template uses.
     tool_call_parser: str = _knob("auto", "tool-call format of tool_choice auto: auto (from the model's chat "
                                   "template), hermes (Qwen2.5), llama3_json (Llama 3.1+), mistral",
