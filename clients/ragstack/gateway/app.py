@@ -21,7 +21,7 @@ from ragstack.gateway.generate_body import GENERATE, GenerateBodies
 from ragstack.gateway.limits import GatewayLimits
 from ragstack.gateway.livez import Livez
 from ragstack.gateway.upstream import Upstream, relay
-from ragstack.listen_socket import tcp_listener
+from ragstack.listen_socket import shown, tcp_listener
 
 LISTEN_BACKLOG = 1024
 
@@ -90,8 +90,7 @@ async def serve(host: str, port: int, upstream_address: str, limits: GatewayLimi
     except OSError as exc:
         await gateway.close()
         raise ListenError(f"cannot listen on {host}:{port}: {exc}") from None
-    shown = f"[{host}]" if ":" in host else host
-    print(f"[gateway] listening on http://{shown}:{port}, forwarding to tritonserver at http://{upstream_address}",
+    print(f"[gateway] listening on http://{shown(host)}:{port}, forwarding to tritonserver at http://{upstream_address}",
           flush=True)
     await stop.wait()
     listener.close()

@@ -29,7 +29,7 @@ from prometheus_client import multiprocess
 
 from ragstack import admin_key, process_tree
 from ragstack.gateway.__main__ import host_port
-from ragstack.listen_socket import tcp_listener
+from ragstack.listen_socket import shown, tcp_listener
 from ragstack.log_rate_limit import RateLimit
 from ragstack.openai_frontend import inflight, keys
 from ragstack.openai_frontend import limits as frontend_limits
@@ -119,8 +119,7 @@ def listen(host: str, port: int, write_timeout_s: float) -> socket.socket | None
     except OSError as exc:
         print(f"[openai] cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return None
-    print(f"[openai] listening on {f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}", file=sys.stderr,
-          flush=True)
+    print(f"[openai] listening on {shown(host)}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     return sock
 
 
