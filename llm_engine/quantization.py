@@ -3,13 +3,14 @@
 Two ways in, one scheme (W8A8 FP8, vLLM's "FP8 dynamic"; kernels/fp8_quant.py, fp8_gemm.py):
 - `quantization: "fp8"` on a bf16/fp16/fp32 checkpoint: every decoder projection (qkv, o, gate_up,
   down) is quantized per output channel as its tensors are read (each tensor-parallel rank its own
-  slice; model/fp8_weights.py); activations per token at run time.
+  slice; model/loader.py's load_weights); activations per token at run time.
 - a compressed-tensors checkpoint (llm-compressor's FP8 schemes, as vLLM loads them): config.json's
   `quantization_config` with quant_method "compressed-tensors", format "float-quantized" (or
   "naive-quantized"), config groups of 8-bit float weights with strategy "channel" or "tensor" and
   input activations dynamic per token, static per tensor (an `input_scale` per projection) or none
   (run here with dynamic per-token activations), targets ("Linear", names, "re:" patterns) and an
-  ignore list. Its weights are float8_e4m3fn with `weight_scale`.
+  ignore list. Its weights are float8_e4m3fn with `weight_scale`. Its KV-cache scales (`kv_cache_scheme`)
+  are not read: the FP8 KV cache scales each token itself. Sparse (`sparsity_config`) checkpoints fail.
 
 The LM head and the embeddings stay in the model dtype: a checkpoint that quantizes the LM head is
 dequantized there at load. Pure Python: `import llm_engine.config` loads no model or kernel.
@@ -76,6 +77,7 @@ def resolve(requested: str | None, quantization_config: dict[str, Any] | None,
     """The FP8 plan for EngineConfig.quantization `requested` (None: as the checkpoint says) and the
     checkpoint's quantization_config (None: unquantized); ValueError for what this engine cannot run.
     `source`: the config.json, named in the errors."""
+    requested = None if requested == "none" else requested   # as the config files write it
     if requested is not None and requested not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or none; got {requested!r}")
     if quantization_config is None:
@@ -86,22 +88,31 @@ def resolve(requested: str | None, quantization_config: dict[str, Any] | None,
     return _compressed_tensors(quantization_config, source)
 
 
-def _compressed_tensors(config: dict[str, Any], source: str) -> Fp8Quantization:
+def _compressed_tensors(config: Any, source: str) -> Fp8Quantization:
+    _expect_type(f"{source}: quantization_config", config, dict)
     method = config.get("quant_method")
     if method != "compressed-tensors":
         raise ValueError(f"{source}: quantization_config quant_method {method!r} is not supported; this engine "
                          "runs compressed-tensors FP8 checkpoints (llm-compressor's FP8 schemes), or quantizes an "
                          "unquantized checkpoint at load (quantization 'fp8')")
+    sparsity = config.get("sparsity_config")
+    if sparsity and (not isinstance(sparsity, dict) or sparsity.get("format") != "dense"):
+        raise ValueError(f"{source}: quantization_config sparsity_config "
+                         f"{(sparsity.get('format') if isinstance(sparsity, dict) else sparsity)!r} is not supported "
+                         "(dense weights only)")
     groups = config.get("config_groups") or {}
+    _expect_type(f"{source}: quantization_config config_groups", groups, dict)
     if not groups:
         raise ValueError(f"{source}: quantization_config has no config_groups")
     plan = []
     for name, group in groups.items():
         where = f"{source}: quantization_config group {name!r}"
+        _expect_type(where, group, dict)
         fmt = group.get("format") or config.get("format")
         if fmt not in COMPRESSED_FORMATS:
             raise ValueError(f"{where}: format {fmt!r} is not supported (supported: {', '.join(COMPRESSED_FORMATS)})")
         weights = group.get("weights") or {}
+        _expect_type(where + " weights", weights, dict)
         _expect_fp8(where + " weights", weights)
         strategy = weights.get("strategy")
         if strategy not in ("channel", "tensor"):
@@ -111,6 +122,7 @@ def _compressed_tensors(config: dict[str, Any], source: str) -> Fp8Quantization:
         activations = group.get("input_activations")
         static = False
         if activations:
+            _expect_type(where + " input_activations", activations, dict)
             _expect_fp8(where + " input_activations", activations)
             kind = (activations.get("strategy"), bool(activations.get("dynamic")))
             if kind not in (("token", True), ("tensor", False)):
@@ -119,11 +131,25 @@ def _compressed_tensors(config: dict[str, Any], source: str) -> Fp8Quantization:
             static = kind == ("tensor", False)
         if group.get("output_activations"):
             raise ValueError(f"{where}: output activation quantization is not supported")
-        targets = tuple(group.get("targets") or ())
+        targets = _names(where + " targets", group.get("targets") or [])
         if not targets:
             raise ValueError(f"{where}: no targets")
         plan.append((targets, static))
-    return Fp8Quantization(online=False, groups=tuple(plan), ignore=tuple(config.get("ignore") or ()))
+    ignore = _names(f"{source}: quantization_config ignore", config.get("ignore") or [])
+    return Fp8Quantization(online=False, groups=tuple(plan), ignore=ignore)
+
+
+def _expect_type(where: str, value: Any, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise ValueError(f"{where} must be {'an object' if kind is dict else 'a list'}; got {value!r}")
+
+
+def _names(where: str, value: Any) -> tuple[str, ...]:
+    """A list of module names and "re:" patterns (a lone string would be read as its characters)."""
+    _expect_type(where, value, list)
+    if not all(isinstance(name, str) for name in value):
+        raise ValueError(f"{where} must be a list of strings; got {value!r}")
+    return tuple(value)
 
 
 def _expect_fp8(where: str, args: dict[str, Any]) -> None:

@@ -109,12 +109,19 @@ def write_fp8_checkpoint(src: str | Path, dst: str | Path, strategy: str = "chan
     return dst
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", type=Path, help="an unquantized HF checkpoint folder")
     parser.add_argument("dst", type=Path)
     parser.add_argument("--strategy", choices=("channel", "tensor"), default="channel")
-    parser.add_argument("--input-scale", type=float, default=None,
+    parser.add_argument("--input-scale", type=positive_float, default=None,
                         help="a static activation scale for every projection (default: dynamic per token)")
     args = parser.parse_args(argv)
     print(write_fp8_checkpoint(args.src, args.dst, args.strategy, args.input_scale))

@@ -89,6 +89,11 @@ def load_model(config: EngineConfig, tp: TensorParallelGroup = SINGLE) -> nn.Mod
     device = config.torch_device
     with torch.device(device), _default_dtype(config.torch_dtype):
         model = model_class(model_config.per_rank(tp.size), config.max_model_len, tp, config.weight_quantization)
+    plan = config.weight_quantization
+    if plan is not None and not any(p.dtype == FP8 for p in model.parameters()):
+        raise ValueError(f"{model_config.path / 'config.json'}: quantization_config's targets "
+                         f"{[list(targets) for targets, _ in plan.groups]} (ignore {list(plan.ignore)}) match none of "
+                         f"{type(model).__name__}'s projections, so nothing would run in FP8")
     with SafetensorsCheckpoint(model_config.path, device) as checkpoint:
         load_weights(model, checkpoint)
     return model.eval()
@@ -118,6 +123,7 @@ def load_weights(model: nn.Module, checkpoint: SafetensorsCheckpoint) -> None:
                    and _scale_name(name) in available and checkpoint.get_slice(name).get_dtype() == "F8_E4M3"}
     ignored = {n for n in available if n.endswith(_IGNORED_SUFFIXES)}
     ignored |= set(getattr(model, "tied_checkpoint_tensors", ())) | set(dequantized.values())
+    ignored |= {_input_scale_name(name) for name in dequantized} & available   # of a static scheme: unused here
     unknown = sorted(available - set(expected) - ignored)
     if unknown:
         raise ValueError(
@@ -134,7 +140,7 @@ def load_weights(model: nn.Module, checkpoint: SafetensorsCheckpoint) -> None:
         elif param.dtype == FP8:
             _load_fp8_weight(param, shard_id, tensor_slice, name)
         elif name in dequantized:
-            scale = _whole(checkpoint.get_slice(dequantized[name])).float()
+            scale = _checked_scales(_whole(checkpoint.get_slice(dequantized[name])).float(), dequantized[name])
             _copy_into(param, shard_id, tensor_slice, name, scale.reshape(-1) if scale.numel() > 1 else scale)
         else:
             _copy_into(param, shard_id, tensor_slice, name)
@@ -239,6 +245,21 @@ def _scale_name(weight_name: str) -> str:
     return weight_name.removesuffix("weight") + "weight_scale"
 
 
+def _input_scale_name(weight_name: str) -> str:
+    return weight_name.removesuffix("weight") + "input_scale"
+
+
+def _checked_scales(values: torch.Tensor, name: str, zero_ok: bool = True) -> torch.Tensor:
+    """`values` if every scale is finite and not negative (`zero_ok`: a weight scale of 0 is an all-zero
+    channel; an input scale divides, so it must be positive); else a ValueError naming the tensor and a bad
+    value, rather than NaN or garbage logits from a load that seemed to work."""
+    bad = ~(torch.isfinite(values) & ((values >= 0) if zero_ok else (values > 0)))
+    if bad.any():
+        raise ValueError(f"checkpoint tensor {name}: scales must be finite and {'>= 0' if zero_ok else '> 0'}; "
+                         f"{int(bad.sum())} of {values.numel()} are not, e.g. {values[bad].flatten()[0].item()}")
+    return values
+
+
 # Rows quantized at a time: bounds the float32 temporaries of quantizing one large weight.
 _QUANTIZE_ROWS = 4096
 
@@ -270,13 +291,13 @@ def _load_weight_scale(param: nn.Parameter, shard_id, tensor_slice, name: str) -
     target = _rows(param, shard_id)
     shape = tuple(tensor_slice.get_shape())
     if math.prod(shape) == 1:
-        target.copy_(_whole(tensor_slice).float().reshape(()).expand(target.shape))
+        target.copy_(_checked_scales(_whole(tensor_slice).float(), name).reshape(()).expand(target.shape))
         return
     if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
         raise ValueError(f"checkpoint tensor {name} has shape {shape}; a weight scale is one per output channel "
                          f"([{target.shape[0]}] or [{target.shape[0]}, 1] on this rank) or one per tensor")
     values = _read_block((target.shape[0],) + shape[1:], getattr(param, "tensor_shard", None), tensor_slice, name)
-    target.copy_(values.reshape(-1))
+    target.copy_(_checked_scales(values.float(), name).reshape(-1))
 
 
 def _load_input_scale(param: nn.Parameter, tensor_slice, name: str) -> None:
@@ -285,7 +306,8 @@ def _load_input_scale(param: nn.Parameter, tensor_slice, name: str) -> None:
     if math.prod(tuple(tensor_slice.get_shape())) != 1:
         raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor_slice.get_shape())}; only one input "
                          "scale per tensor (strategy 'tensor') is supported")
-    param.data.copy_(torch.maximum(param.data, _whole(tensor_slice).float().reshape(()).to(param.device)))
+    value = _checked_scales(_whole(tensor_slice).float(), name, zero_ok=False).reshape(())
+    param.data.copy_(torch.maximum(param.data, value.to(param.device)))
 
 
 @contextlib.contextmanager

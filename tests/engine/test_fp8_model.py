@@ -46,6 +46,7 @@ from llm_engine.kernels.fp8_gemm import FAST_ACCUM_GROUP
 from llm_engine.kernels.launch_config import override_launch_params
 from llm_engine.model import ops
 from llm_engine.model.layers.linear import Linear
+from llm_engine.model.fp8_checkpoint import main as fp8_checkpoint_main
 from llm_engine.model.fp8_checkpoint import quantize_weight, write_fp8_checkpoint
 from llm_engine.model.loader import SafetensorsCheckpoint, load_model
 from llm_engine.quantization import Fp8Quantization, LinearQuant, resolve
@@ -121,6 +122,11 @@ def test_bad_settings_are_refused(tiny_checkpoints, change, message):
         EngineConfig(model=str(tiny_checkpoints["tiny-llama"]), device="cpu", **change)
 
 
+def test_none_is_the_default_as_the_config_files_write_it(tiny_checkpoints):
+    assert EngineConfig(model=str(tiny_checkpoints["tiny-llama"]), device="cpu",
+                        quantization="none").weight_quantization is None
+
+
 def _group(**changes):
     group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
              "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}
@@ -136,6 +142,14 @@ def _group(**changes):
     (_group(weights={"strategy": "block"}), r"weight strategy 'block' is not supported"),
     (_group(input_activations={"strategy": "group", "dynamic": True}), r"strategy 'group', dynamic True"),
     (_group(input_activations={"strategy": "token", "dynamic": False}), r"strategy 'token', dynamic False"),
+    ("fp8", r"quantization_config must be an object; got 'fp8'"),
+    ({**_group(), "config_groups": [{"targets": ["Linear"]}]}, r"config_groups must be an object"),
+    ({**_group(), "config_groups": {"g": None}}, r"group 'g' must be an object; got None"),
+    (_group(input_activations=True), r"group 'g' input_activations must be an object; got True"),
+    (_group(targets="Linear"), r"group 'g' targets must be a list; got 'Linear'"),
+    (_group(targets=["Linear", 3]), r"group 'g' targets must be a list of strings"),
+    ({**_group(), "ignore": "lm_head"}, r"ignore must be a list; got 'lm_head'"),
+    ({**_group(), "sparsity_config": {"format": "sparse-24-bitmask"}}, r"sparsity_config 'sparse-24-bitmask'"),
 ])
 def test_unsupported_checkpoint_schemes_are_named(config, message):
     with pytest.raises(ValueError, match=message):
@@ -247,11 +261,54 @@ def _dequantized(quantized):
     return values.float() * scale[:, None]
 
 
-def test_a_quantized_lm_head_is_dequantized(tiny_checkpoints, tmp_path):
-    folder = shutil.copytree(tiny_checkpoints["tiny-llama-fp8"], tmp_path / "fp8-head")
+def test_a_dense_sparsity_config_loads(tiny_checkpoints):
+    config = {**quantization_config(tiny_checkpoints["tiny-llama-fp8"]), "sparsity_config": {"format": "dense"}}
+    assert resolve(None, config, "config.json").method == "compressed-tensors"
+
+
+def test_targets_that_match_no_projection_are_refused(copy_of):
+    folder = copy_of("tiny-llama-fp8")
+    config = quantization_config(folder)
+    for group in config["config_groups"].values():
+        group["targets"] = ["re:.*no_such_proj$"]
+    edit_config(folder, quantization_config=config)
+    with pytest.raises(ValueError, match=r"targets \[\['re:\.\*no_such_proj\$'\]\] .* match none of LlamaForCausalLM"):
+        load_model(EngineConfig(model=str(folder), device="cpu"))
+
+
+@pytest.mark.parametrize("tensor, value, message", [
+    ("model.layers.0.mlp.down_proj.weight_scale", float("nan"), r"down_proj.weight_scale: scales must be finite "
+                                                                 r"and >= 0; 1 of \d+ are not, e.g. nan"),
+    ("model.layers.1.self_attn.k_proj.weight_scale", -1.0, r"k_proj.weight_scale: .*e.g. -1.0"),
+    ("model.layers.0.self_attn.q_proj.input_scale", 0.0, r"q_proj.input_scale: scales must be finite and > 0; "
+                                                         r"1 of 1 are not, e.g. 0.0"),
+    ("model.layers.0.mlp.up_proj.input_scale", float("inf"), r"up_proj.input_scale: .*e.g. inf"),
+])
+def test_bad_scale_values_fail_the_load(tiny_checkpoints, tmp_path, tensor, value, message):
+    folder = write_fp8_checkpoint(tiny_checkpoints["tiny-llama"], tmp_path / "bad-scale", input_scale=0.02)
+    state = load_file(str(folder / "model.safetensors"))
+    state[tensor].view(-1)[-1] = value
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=message):
+        load_model(EngineConfig(model=str(folder), device="cpu"))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_the_writer_refuses_a_bad_input_scale(tiny_checkpoints, tmp_path, value, capsys):
+    with pytest.raises(SystemExit):
+        fp8_checkpoint_main([str(tiny_checkpoints["tiny-llama"]), str(tmp_path / "out"), "--input-scale", value])
+    assert "must be a finite number > 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("input_scale", [None, 0.02], ids=["dynamic", "static"])
+def test_a_quantized_lm_head_is_dequantized(tiny_checkpoints, tmp_path, input_scale):
+    folder = write_fp8_checkpoint(tiny_checkpoints["tiny-llama"], tmp_path / "fp8-head", input_scale=input_scale)
     state = load_file(str(folder / "model.safetensors"))
     head = state["lm_head.weight"]
     state["lm_head.weight"], state["lm_head.weight_scale"] = quantize_weight(head)
+    if input_scale is not None:   # llm-compressor writes one for every target, the head too
+        state["lm_head.input_scale"] = torch.tensor([input_scale])
     save_file(state, str(folder / "model.safetensors"))
     config = quantization_config(folder)
     config["ignore"] = []
