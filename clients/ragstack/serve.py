@@ -122,5 +122,10 @@ def run(args: argparse.Namespace) -> int:
             code = server.stop()  # a crashed server is killed at once: it may hang in its handler
             return code if code and code > 0 else 1
     code = server.stop()
-    print(f"[serve] stopped (exit code {code})", flush=True)
-    return 0
+    if code in (0, None):   # None: no server process was left to stop
+        print("[serve] stopped (exit code 0)", flush=True)
+        return 0
+    # Not clean (Triton's exit timeout expired, or it was killed): a supervisor sees it in serve's status too.
+    print(f"[serve] stopped (exit code {code}: not a clean stop; tritonserver's log says why)", file=sys.stderr,
+          flush=True)
+    return 1

@@ -89,15 +89,16 @@ def test_every_answer_carries_a_request_id(triton_server):
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "metadata": {"k": 1}}, 400, "metadata.k",
      "valid string"),
     ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400,
-     "messages[0].role", "messages[0].role: 'wizard' is not one of"),
+     "messages[0].role", "messages[0].role: 'wizard' is not one of ['system', 'developer', 'user', 'assistant', "
+                         "'tool']"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "n": 65}, 400, "n", "the limit is 64 (max_choices)"),
     ("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
      400, "messages[0].content[1]", "only text parts are supported (this model is not multimodal), got type "
                                     "'image_url'"),
     ("/v1/chat/completions", {"model": "llm", "messages": HELLO, "stream": "yes"}, 400, "stream", "valid boolean"),
-    ("/v1/chat/completions", {"model": "rag", "messages": [{"role": "user", "content": "q" * 2001}]}, 400, "messages",
-     "the limit is 2000"),
+    ("/v1/chat/completions", {"model": "rag", "messages": [{"role": "user", "content": "q" * 2001}]}, 400,
+     "messages[0].content", "messages[0].content: 2001 characters; the limit is 2000"),
     ("/v1/chat/completions", {"model": "rag", "messages": [{"role": "system", "content": "x"}]}, 400, "messages",
      "last user message"),
     ("/v1/chat/completions", {"model": "embed", "messages": HELLO}, 400, "model", "serves embeddings"),

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2 as httpx
@@ -31,6 +32,9 @@ API_KEY = "sk-ragstack-test-0123456789"
 EMBED_LIKE = {"config.pbtxt": 'backend: "python"\ninput [ { name: "text" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
                               'output [ { name: "embedding" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\n',
               "1/model.py": "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"}
+SLOW = {"config.pbtxt": EMBED_LIKE["config.pbtxt"],
+        "1/model.py": "import time\n\nclass TritonPythonModel:\n    def initialize(self, args):\n"
+                      "        time.sleep(4)\n\n    def execute(self, requests):\n        return []\n"}
 BROKEN = {"config.pbtxt": EMBED_LIKE["config.pbtxt"],
           "1/model.py": "class TritonPythonModel:\n    def initialize(self, args):\n"
                         "        raise RuntimeError('broken on purpose')\n"}
@@ -48,7 +52,7 @@ def repository(root: Path, models: dict[str, dict[str, str]]) -> Path:
 def served(tmp_path_factory):
     key_file = tmp_path_factory.mktemp("openai-key") / "key"
     key_file.write_text(API_KEY + "\n")
-    extra = repository(tmp_path_factory.mktemp("models"), {"embed_like": EMBED_LIKE, "broken": BROKEN})
+    extra = repository(tmp_path_factory.mktemp("models"), {"embed_like": EMBED_LIKE, "slow": SLOW, "broken": BROKEN})
     opts, port = free_server_options(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "ragstack.cli", "serve", "--model-repository", str(FIXTURE_REPOSITORY),
@@ -138,6 +142,29 @@ def test_a_failed_load_is_the_servers_fault_and_leaves_the_api_serving(served):
     assert health.status_code == 200 and "not ready" in health.json()["triton"], health.text
     models = httpx.get(f"{url}/v1/models", headers=admin).json()["data"]
     assert [m["id"] for m in models] == ["embed_like"]
+
+
+def test_a_model_loading_is_503_unavailable_not_404(served):
+    """While Triton loads a model (4 s here), a request for it is 503 with Retry-After, which the SDKs retry,
+    not 404 model_not_found, which they give up on."""
+    _, port, printed = served
+    [gateway] = [line.split()[3] for line in printed.splitlines() if line.startswith("[serve] ready")]
+    url, bearer = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {API_KEY}"}
+    with ThreadPoolExecutor(1) as pool:   # through the gateway: the frontend's one place (max_inflight) stays free
+        load = pool.submit(httpx.post, f"{gateway}/v2/repository/models/slow/load",
+                           headers={admin_key.HEADER: ADMIN_KEY}, timeout=60)
+        answers = []
+        while not load.done():
+            answer = httpx.post(f"{url}/v1/embeddings", headers=bearer, json={"model": "slow", "input": "x"})
+            answers.append((answer.status_code, answer.headers.get("retry-after"), answer.json()["error"]))
+            time.sleep(0.3)
+        assert load.result().status_code == 200, load.result().text
+    # 404 only before Triton marks it loading (and the frontend reads its index again: 4 times a second), then 503
+    first = next((i for i, a in enumerate(answers) if a[0] != 404), len(answers))
+    while_loading = answers[first:]
+    assert len(while_loading) >= 5 and all(a[:2] == (503, "5") and a[2]["code"] == "unavailable"
+                                           and a[2]["message"] == "model 'slow' is loading; retry in a few seconds"
+                                           for a in while_loading), answers
 
 
 def test_serve_reports_the_frontends_death(served):

@@ -203,8 +203,13 @@ def test_rag_names_a_blank_or_long_question_and_takes_a_text_response_format(tri
         error = refused.json()["error"]
         assert refused.status_code == 400 and error["param"] == "messages[2].content", error
         assert "messages[2].content is blank" in error["message"]
-    long = post(triton_server, "/v1/chat/completions", {**ask, "messages": [{"role": "user", "content": "a " * 9000}]})
-    assert long.status_code == 400 and long.json()["error"]["param"] == "messages", long.text
+    for content, says in (("a " * 9000, "messages[1].content is 18000 bytes; the limit is 16384"),   # the embedder's
+                          ("a" * 2001, "messages[1].content: 2001 characters; the limit is 2000")):   # max_query_chars
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
+        long = post(triton_server, "/v1/chat/completions", {**ask, "messages": messages})
+        error = long.json()["error"]
+        assert long.status_code == 400 and error["param"] == "messages[1].content", long.text
+        assert says in error["message"], error
     text = post(triton_server, "/v1/chat/completions", {**ask, "response_format": {"type": "text"},
                                                          "messages": [{"role": "user", "content": "What is FAISS?"}]})
     assert text.status_code == 200, text.text

@@ -27,8 +27,14 @@ def test_an_overload_waits_a_second_what_is_not_ready_five():
 
 def test_a_refusal_names_the_request_field_it_came_from():
     error = from_triton("in ensemble 'rag', text[0] is 18000 bytes; the limit is 16384", "StatusCode.INVALID_ARGUMENT",
-                        {"text": "messages"})
-    assert (error.status, error.param, error.message) == (400, "messages", "text[0] is 18000 bytes; the limit is 16384")
+                        {"text": "messages[1].content"})
+    assert (error.status, error.param, error.message) == (
+        400, "messages[1].content", "messages[1].content is 18000 bytes; the limit is 16384")
+    error = from_triton("query: 2001 characters; the limit is 2000", None, {"query": "messages[1].content"})
+    assert (error.param, error.message) == ("messages[1].content", "messages[1].content: 2001 characters; the limit "
+                                                                   "is 2000")
+    same = from_triton("top_k: 0 is out of range", "StatusCode.INVALID_ARGUMENT", {"top_k": "top_k"})
+    assert (same.param, same.message) == ("top_k", "top_k: 0 is out of range")   # a field of the same name: as it is
 
 
 def test_a_refusal_reads_in_the_request_fields_words():

@@ -62,7 +62,8 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
         for name in given + body.template_fields():
             raise APIError(400, f"{name} is not available from model '{served.name}' (rag answers with text and "
                                 "sources)", name)
-        query = _question(served.name, messages)
+        at, query = _question(served.name, messages)
+        params = {**params, "query": f"messages[{at}].content", "text": f"messages[{at}].content"}
         requests = [generation.Request(served.name, generation.declared(generation.rag_inputs(query, s, body.stream),
                                                                       served), params, rag=True)
                     for s in generation.seeded(sampling, body.n)]
@@ -84,8 +85,8 @@ async def chat_completions(request: Request, frontend: Frontend) -> Response:
     return JSONResponse(answer.whole(choices))
 
 
-def _question(model: str, messages: list[dict]) -> str:
-    """The last user message's text: what a rag model answers."""
+def _question(model: str, messages: list[dict]) -> tuple[int, str]:
+    """The last user message's place and text: what a rag model answers."""
     at = next((i for i in reversed(range(len(messages))) if messages[i]["role"] == "user"), None)
     if at is None:
         raise APIError(400, f"model '{model}' answers the last user message, and there is none", "messages")
@@ -93,7 +94,7 @@ def _question(model: str, messages: list[dict]) -> str:
     if not query.strip():
         raise APIError(400, f"messages[{at}].content is blank; model '{model}' answers it as the question, so it "
                             "needs at least one non-blank character", f"messages[{at}].content")
-    return query
+    return at, query
 
 
 class Answer:

@@ -57,6 +57,12 @@ def model_not_found(model: str) -> APIError:
     return APIError(404, f"The model '{model[:200]}' does not exist or is not ready", "model", "model_not_found")
 
 
+def not_ready(detail: str) -> APIError:
+    """A model loading, unloading, or one a model runs missing: a few seconds' wait, which the SDKs' retries
+    (Retry-After) give it."""
+    return APIError(503, detail, code="unavailable")
+
+
 def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | None = None) -> APIError:
     """A Triton error; `grpc_status` None for one inside a stream. `params` maps a field a message may
     name (the llm's `max_tokens`, the rag ensemble's `query`) to the request parameter it came from."""
@@ -83,12 +89,17 @@ def from_triton(message: str, grpc_status: str | None, params: dict[str, str] | 
 
 def _in_request_words(message: str, params: dict[str, str]) -> str:
     """The message with a model's own name for a field put in the request's, where it names the field as
-    its subject ("logprobs must be ..." for chat's top_logprobs) or as an input ("input 'prompt_token_ids'
-    holds ..." for detokenize's tokens)."""
+    its subject ("logprobs must be ..." for chat's top_logprobs; "text[0] is ..." for rag's question) or as an
+    input ("input 'prompt_token_ids' holds ..." for detokenize's tokens)."""
     def renamed(match: re.Match) -> str:
         word = match.group(2)
         return f"{match.group(1)}{params.get(word, word)}{match.group(3)}"
     message = re.sub(r"^()(\w+)( must )", renamed, message, count=1)
+    # a subject with an item or a colon ("text[0] is 18000 bytes", rag's embedder on its question; "query: 2001
+    # characters"), where the request calls it otherwise: the item is the model's, not the request's
+    message = re.sub(r"^()(\w+)(?:\[\d+\])?(: | is )",
+                     lambda m: renamed(m) if params.get(m.group(2), m.group(2)) != m.group(2) else m.group(0),
+                     message, count=1)
     return re.sub(r"(input ')(\w+)(')", renamed, message)
 
 

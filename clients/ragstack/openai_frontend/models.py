@@ -14,13 +14,15 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from ragstack.openai_frontend.errors import APIError, model_not_found
+from ragstack.openai_frontend.errors import APIError, model_not_found, not_ready
 from ragstack.openai_frontend.triton import CONFIG_CACHE_S, Triton
 
 ENDPOINTS = {"llm": ("chat.completions", "completions", "tokenize"), "rag": ("chat.completions",),
              "embed": ("embeddings",), "rerank": ("rerank", "score")}
 CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
 _ONLY: dict[str, tuple[float, str]] = {}   # endpoint -> (when, the one model serving it) for requests without one
+_INDEX: tuple[float, list[dict]] = (-1e9, [])   # (when, the repository index) for names no config was found for
+INDEX_CACHE_S = 0.25
 # A Triton model's name is its folder's: no longer than a file name. A longer one is no model, and is not sent
 # on: Triton's error repeats it, past gRPC's metadata limit (16 KiB) at about 12k characters.
 MAX_NAME_BYTES = 255
@@ -57,12 +59,29 @@ async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
     if not model:
         model = await _only_model(triton, endpoint)
     config = await triton.config(checked_name(model))
+    if config is None:
+        await _unless_changing(triton, model)
     found = kind_of(config) if config is not None else None
     if found is None:
         raise model_not_found(model)
     if endpoint not in ENDPOINTS[found.kind]:
         raise APIError(400, f"model '{model}' serves {', '.join(ENDPOINTS[found.kind])}, not {endpoint}", "model")
     return found
+
+
+async def _unless_changing(triton: Triton, model: str) -> None:
+    """503 for a model Triton is loading or unloading (its repository index says so), which will be there,
+    or gone, in a few seconds; else nothing (404 follows). An index Triton refuses (an admin key it wants
+    and this frontend lacks) says nothing either."""
+    global _INDEX
+    if time.monotonic() - _INDEX[0] > INDEX_CACHE_S:   # unknown names come from clients: 4 reads a second
+        try:
+            _INDEX = (time.monotonic(), await triton.index())
+        except APIError:
+            return
+    changing = {m.get("state") for m in _INDEX[1] if m.get("name") == model} & {"LOADING", "UNLOADING"}
+    if changing:
+        raise not_ready(f"model '{model}' is {changing.pop().lower()}; retry in a few seconds")
 
 
 def checked_name(name: str) -> str:

@@ -34,6 +34,7 @@ NOT_SERVED = {"audio": "audio output", "reasoning_effort": "a reasoning model's 
               "custom logits processors", "kv_transfer_params": "disaggregated prefill", "mm_processor_kwargs":
               "multimodal input"}
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
+ROLES = ("system", "developer", "user", "assistant", "tool")   # OpenAI's chat roles; developer is system here
 MAX_REQUEST_ID_CHARS = 256
 # vLLM's fields served at one value only: (name, that value, why no other).
 FIFO = ("priority", 0, "the llm schedules first come, first served")
@@ -311,6 +312,8 @@ def check_text(text: str, param: str, limits: FrontendLimits) -> None:
 
 
 def _message(message: Message, param: str, limits: FrontendLimits) -> dict[str, Any]:
+    if message.role not in ROLES:   # named here, where the API's list is known (the llm's lacks "developer")
+        raise APIError(400, f"{param}.role: {message.role[:40]!r} is not one of {list(ROLES)}", f"{param}.role")
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}  # OpenAI's newer name
     if message.tool_calls:
         if message.role != "assistant":

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from ragstack import admin_key
 from ragstack.openai_frontend import triton_wire
-from ragstack.openai_frontend.errors import APIError, from_triton, unreachable
+from ragstack.openai_frontend.errors import APIError, from_triton, not_ready, unreachable
 
 CONFIG_CACHE_S = 5.0   # a model loaded or unloaded is seen within this
 # The configs of models served in the last KEEP_FRESH_S are fetched again every REFRESH_S in the background:
@@ -102,7 +102,7 @@ class Triton:
                 if response is grpc.aio.EOF:
                     break
                 if response.error_message:
-                    raise from_triton(response.error_message, None, params)
+                    raise _ran(model, from_triton(response.error_message, None, params))
                 try:
                     outputs = triton_wire.outputs(response.infer_response)
                 except triton_wire.WireError as error:
@@ -120,7 +120,7 @@ class Triton:
         try:
             result = await self._client.infer(model, tensors_of(inputs))
         except InferenceServerException as exc:
-            raise _failure(exc, params) from None
+            raise _ran(model, _failure(exc, params)) from None
         return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
 
     async def config(self, model: str) -> dict | None:
@@ -220,6 +220,15 @@ class Triton:
             self._refresher.cancel()
         await self._streams.close()
         await self._client.close()
+
+
+def _ran(model: str, failure: APIError) -> APIError:
+    """An inference's failure. Its model was found loaded before the call (models.served), so a model Triton
+    does not know now is one it runs (rag's llm, unloaded or loading) or itself, unloaded since: not ready, where
+    the request was right."""
+    if failure.status == 404:
+        return not_ready(f"model '{model}' cannot run now: {failure.message}")
+    return failure
 
 
 def _failure(exc: InferenceServerException, params: dict[str, str] | None = None) -> APIError:
