@@ -53,14 +53,18 @@ def kind_of(config: dict) -> Served | None:
 
 
 async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
-    """The model, if it is loaded and serves `endpoint`; else 404 (no such model) or 400 (another kind).
-    None or "": the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one
+    """The model, if it is loaded and serves `endpoint`; else 404 (no such model), 503 (loading or unloading)
+    or 400 (another kind). None or "": the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one
     model."""
     if not model:
         model = await _only_model(triton, endpoint)
     config = await triton.config(checked_name(model))
-    if config is None:
-        await _unless_changing(triton, model)
+    if config is None:   # not loaded when last asked (cached): loading, unloading, or loaded since?
+        state = await _index_state(triton, model)
+        if state in ("LOADING", "UNLOADING"):   # there, or gone, in a few seconds
+            raise not_ready(f"model '{model}' is {state.lower()}; retry in a few seconds")
+        if state == "READY":
+            config = await triton.config(model, fresh=True)
     found = kind_of(config) if config is not None else None
     if found is None:
         raise model_not_found(model)
@@ -69,19 +73,17 @@ async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
     return found
 
 
-async def _unless_changing(triton: Triton, model: str) -> None:
-    """503 for a model Triton is loading or unloading (its repository index says so), which will be there,
-    or gone, in a few seconds; else nothing (404 follows). An index Triton refuses (an admin key it wants
-    and this frontend lacks) says nothing either."""
+async def _index_state(triton: Triton, model: str) -> str | None:
+    """The model's state in Triton's repository index (READY, LOADING, UNLOADING, UNAVAILABLE), None where it
+    is not there or Triton refuses the index (an admin key it wants and this frontend lacks)."""
     global _INDEX
     if time.monotonic() - _INDEX[0] > INDEX_CACHE_S:   # unknown names come from clients: 4 reads a second
         try:
             _INDEX = (time.monotonic(), await triton.index())
         except APIError:
-            return
-    changing = {m.get("state") for m in _INDEX[1] if m.get("name") == model} & {"LOADING", "UNLOADING"}
-    if changing:
-        raise not_ready(f"model '{model}' is {changing.pop().lower()}; retry in a few seconds")
+            return None
+    states = [m.get("state") for m in _INDEX[1] if m.get("name") == model]
+    return next((state for state in ("READY", "LOADING", "UNLOADING") if state in states), None)
 
 
 def checked_name(name: str) -> str:

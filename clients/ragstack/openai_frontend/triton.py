@@ -26,7 +26,7 @@ from ragstack import admin_key
 from ragstack.openai_frontend import triton_wire
 from ragstack.openai_frontend.errors import APIError, from_triton, not_ready, unreachable
 
-CONFIG_CACHE_S = 5.0   # a model loaded or unloaded is seen within this
+CONFIG_CACHE_S = 5.0   # an unloaded model is seen within this (a loaded one at once: models.served)
 # The configs of models served in the last KEEP_FRESH_S are fetched again every REFRESH_S in the background:
 # a fetch is a round trip (~2 ms here) that a request would otherwise wait for, once its worker had been
 # idle for CONFIG_CACHE_S (at one stream over 4 workers, most requests).
@@ -123,12 +123,13 @@ class Triton:
             raise _ran(model, _failure(exc, params)) from None
         return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
 
-    async def config(self, model: str) -> dict | None:
-        """The model's config as JSON, None when it is not loaded (cached CONFIG_CACHE_S; refreshed in the
-        background while the model is asked for)."""
+    async def config(self, model: str, fresh: bool = False) -> dict | None:
+        """The model's config as JSON, None when it is not loaded (cached CONFIG_CACHE_S unless `fresh`;
+        refreshed in the background while the model is asked for)."""
         now = time.monotonic()
         cached = self._configs.get(model)
-        config = cached[1] if cached and now - cached[0] < CONFIG_CACHE_S else await self._fetch_config(model)
+        config = cached[1] if cached and not fresh and now - cached[0] < CONFIG_CACHE_S \
+            else await self._fetch_config(model)
         if config is not None:
             self._served[model] = now
             if self._refresher is None or self._refresher.done():
