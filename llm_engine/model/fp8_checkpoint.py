@@ -110,10 +110,11 @@ def write_fp8_checkpoint(src: str | Path, dst: str | Path, strategy: str = "chan
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text}")
-    return value
+    """A scale as the checkpoint stores it (float32): finite and > 0 there too (1e-50 would be 0, 1e39 inf)."""
+    value = torch.tensor(float(text), dtype=torch.float32)
+    if not (torch.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 in float32; got {text}")
+    return value.item()
 
 
 def main(argv: list[str] | None = None) -> int:

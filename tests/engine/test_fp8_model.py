@@ -293,7 +293,7 @@ def test_bad_scale_values_fail_the_load(tiny_checkpoints, tmp_path, tensor, valu
         load_model(EngineConfig(model=str(folder), device="cpu"))
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e-50", "1e39"])
 def test_the_writer_refuses_a_bad_input_scale(tiny_checkpoints, tmp_path, value, capsys):
     with pytest.raises(SystemExit):
         fp8_checkpoint_main([str(tiny_checkpoints["tiny-llama"]), str(tmp_path / "out"), "--input-scale", value])

@@ -170,6 +170,8 @@ def test_a_model_loading_is_503_unavailable_not_404(served):
     # loaded: found at once, though the frontend had it as not loaded a moment ago (its config cache)
     loaded = httpx.post(f"{url}/v1/embeddings", headers=bearer, json={"model": "slow", "input": "x"})
     assert loaded.status_code not in (404, 503), loaded.text
+    assert httpx.post(f"{gateway}/v2/repository/models/slow/unload", headers={admin_key.HEADER: ADMIN_KEY},
+                      timeout=60).status_code == 200
 
 
 def test_serve_reports_the_frontends_death(served):

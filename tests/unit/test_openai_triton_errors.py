@@ -33,6 +33,10 @@ def test_a_refusal_names_the_request_field_it_came_from():
     error = from_triton("query: 2001 characters; the limit is 2000", None, {"query": "messages[1].content"})
     assert (error.param, error.message) == ("messages[1].content", "messages[1].content: 2001 characters; the limit "
                                                                    "is 2000")
+    item = from_triton("passages[3] is 20000 bytes; the limit is 16384", None, {"passages": "documents"})
+    assert (item.param, item.message) == ("documents", "documents[3] is 20000 bytes; the limit is 16384")
+    wiring = from_triton("query: hybrid retrieval needs the question's text", None, {"query": "messages[1].content"})
+    assert wiring.message == "query: hybrid retrieval needs the question's text"   # not about the value: as it is
     same = from_triton("top_k: 0 is out of range", "StatusCode.INVALID_ARGUMENT", {"top_k": "top_k"})
     assert (same.param, same.message) == ("top_k", "top_k: 0 is out of range")   # a field of the same name: as it is
 

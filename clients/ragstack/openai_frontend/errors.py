@@ -95,12 +95,19 @@ def _in_request_words(message: str, params: dict[str, str]) -> str:
         word = match.group(2)
         return f"{match.group(1)}{params.get(word, word)}{match.group(3)}"
     message = re.sub(r"^()(\w+)( must )", renamed, message, count=1)
-    # a subject with an item or a colon ("text[0] is 18000 bytes", rag's embedder on its question; "query: 2001
-    # characters"), where the request calls it otherwise: the item is the model's, not the request's
-    message = re.sub(r"^()(\w+)(?:\[\d+\])?(: | is )",
-                     lambda m: renamed(m) if params.get(m.group(2), m.group(2)) != m.group(2) else m.group(0),
-                     message, count=1)
+    message = re.sub(r"^(\w+)(\[\d+\])?(: | is )(?=\d)", lambda m: _sized(m, params), message, count=1)
     return re.sub(r"(input ')(\w+)(')", renamed, message)
+
+
+def _sized(match: re.Match, params: dict[str, str]) -> str:
+    """A size against a limit, its subject renamed ("text[0] is 18000 bytes" from rag's embedder on the
+    question, "query: 2001 characters"): an item kept where the request's field is a list of them (rerank's
+    passages[3] is documents[3]), dropped where it is one value (rag's text[0] is messages[1].content)."""
+    word, item, joint = match.groups()
+    field = params.get(word, word)
+    if field == word:
+        return match.group(0)
+    return f"{field}{item if item and not field.endswith(']') and '.' not in field else ''}{joint}"
 
 
 def _param(message: str, params: dict[str, str]) -> str | None:

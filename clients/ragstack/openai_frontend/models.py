@@ -15,14 +15,12 @@ import time
 from dataclasses import dataclass
 
 from ragstack.openai_frontend.errors import APIError, model_not_found, not_ready
-from ragstack.openai_frontend.triton import CONFIG_CACHE_S, Triton
+from ragstack.openai_frontend.triton import CHANGING, CONFIG_CACHE_S, Triton
 
 ENDPOINTS = {"llm": ("chat.completions", "completions", "tokenize"), "rag": ("chat.completions",),
              "embed": ("embeddings",), "rerank": ("rerank", "score")}
 CREATED = int(time.time())   # OpenAI's model objects carry a creation time: the frontend's start
 _ONLY: dict[str, tuple[float, str]] = {}   # endpoint -> (when, the one model serving it) for requests without one
-_INDEX: tuple[float, list[dict]] = (-1e9, [])   # (when, the repository index) for names no config was found for
-INDEX_CACHE_S = 0.25
 # A Triton model's name is its folder's: no longer than a file name. A longer one is no model, and is not sent
 # on: Triton's error repeats it, past gRPC's metadata limit (16 KiB) at about 12k characters.
 MAX_NAME_BYTES = 255
@@ -61,7 +59,7 @@ async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
     config = await triton.config(checked_name(model))
     if config is None:   # not loaded when last asked (cached): loading, unloading, or loaded since?
         state = await _index_state(triton, model)
-        if state in ("LOADING", "UNLOADING"):   # there, or gone, in a few seconds
+        if state in CHANGING:   # there, or gone, in a few seconds
             raise not_ready(f"model '{model}' is {state.lower()}; retry in a few seconds")
         if state == "READY":
             config = await triton.config(model, fresh=True)
@@ -74,16 +72,10 @@ async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
 
 
 async def _index_state(triton: Triton, model: str) -> str | None:
-    """The model's state in Triton's repository index (READY, LOADING, UNLOADING, UNAVAILABLE), None where it
-    is not there or Triton refuses the index (an admin key it wants and this frontend lacks)."""
-    global _INDEX
-    if time.monotonic() - _INDEX[0] > INDEX_CACHE_S:   # unknown names come from clients: 4 reads a second
-        try:
-            _INDEX = (time.monotonic(), await triton.index())
-        except APIError:
-            return None
-    states = [m.get("state") for m in _INDEX[1] if m.get("name") == model]
-    return next((state for state in ("READY", "LOADING", "UNLOADING") if state in states), None)
+    """The model's state in Triton's repository index (READY, LOADING, UNLOADING; READY first among its
+    versions), None where it is in none of them or Triton refuses the index."""
+    states = [m.get("state") for m in await triton.recent_index() or () if m.get("name") == model]
+    return next((state for state in ("READY", *CHANGING) if state in states), None)
 
 
 def checked_name(name: str) -> str:
@@ -101,6 +93,9 @@ async def _only_model(triton: Triton, endpoint: str) -> str:
     serving = [found for found, _ in await _loaded(triton) if endpoint in ENDPOINTS[found.kind]]
     candidates = [found.name for found in ([f for f in serving if f.kind == "llm"] or serving)]
     if not candidates:
+        if any(m.get("state") in CHANGING for m in await triton.recent_index() or ()):   # perhaps the one it will be
+            raise not_ready(f"model is missing, and no loaded model serves {endpoint} while Triton loads or unloads "
+                            "one; retry in a few seconds")
         raise APIError(400, f"model is missing, and no loaded model serves {endpoint}", "model")
     if len(candidates) > 1:
         raise APIError(400, f"model is missing, and {len(candidates)} models serve {endpoint}: "

@@ -31,6 +31,10 @@ CONFIG_CACHE_S = 5.0   # an unloaded model is seen within this (a loaded one at 
 # a fetch is a round trip (~2 ms here) that a request would otherwise wait for, once its worker had been
 # idle for CONFIG_CACHE_S (at one stream over 4 workers, most requests).
 REFRESH_S, KEEP_FRESH_S = CONFIG_CACHE_S / 2, 300.0
+# The repository index, read for requests that find no model (names come from clients): at most this often,
+# one read at a time, a refusal kept as long.
+INDEX_CACHE_S = 0.25
+CHANGING = ("LOADING", "UNLOADING")
 
 
 def tensors_of(inputs: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
@@ -79,6 +83,7 @@ class Triton:
         self._configs: dict[str, tuple[float, dict | None]] = {}
         self._served: dict[str, float] = {}  # model -> when a request last asked for its config, if it has one
         self._refresher: asyncio.Task | None = None
+        self._index_read: tuple[float, asyncio.Task] | None = None
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], parameters: dict | None = None,
                      params: dict[str, str] | None = None) -> AsyncIterator[dict[str, np.ndarray]]:
@@ -102,7 +107,7 @@ class Triton:
                 if response is grpc.aio.EOF:
                     break
                 if response.error_message:
-                    raise _ran(model, from_triton(response.error_message, None, params))
+                    raise await self._ran(model, from_triton(response.error_message, None, params))
                 try:
                     outputs = triton_wire.outputs(response.infer_response)
                 except triton_wire.WireError as error:
@@ -120,7 +125,7 @@ class Triton:
         try:
             result = await self._client.infer(model, tensors_of(inputs))
         except InferenceServerException as exc:
-            raise _ran(model, _failure(exc, params)) from None
+            raise await self._ran(model, _failure(exc, params)) from None
         return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
 
     async def config(self, model: str, fresh: bool = False) -> dict | None:
@@ -187,6 +192,29 @@ class Triton:
             raise _failure(exc) from None
         return index.get("models", [])
 
+    async def recent_index(self) -> list[dict] | None:
+        """The repository index as read at most INDEX_CACHE_S ago, by one read that every caller shares; None
+        where Triton refused it (an admin key it wants and this frontend lacks)."""
+        now = time.monotonic()
+        if self._index_read is None or now - self._index_read[0] > INDEX_CACHE_S:
+            read = asyncio.get_running_loop().create_task(self.index())
+            read.add_done_callback(lambda task: task.cancelled() or task.exception())   # a refusal: seen, kept
+            self._index_read = (now, read)
+        try:
+            return await asyncio.shield(self._index_read[1])
+        except APIError:
+            return None
+
+    async def _ran(self, model: str, failure: APIError) -> APIError:
+        """An inference's failure. Its model was found loaded before the call (models.served), so a model Triton
+        does not know now is one it runs (rag's llm) or itself, unloaded since: 503 while one is loading or
+        unloading, else 500 naming what is missing (a deployment's fault, not the request's)."""
+        if failure.status != 404:
+            return failure
+        if any(m.get("state") in CHANGING for m in await self.recent_index() or ()):
+            return not_ready(f"model '{model}' cannot run now: {failure.message}; retry in a few seconds")
+        return APIError(500, f"model '{model}' runs a model that is not loaded: {failure.message}")
+
     async def load(self, model: str) -> None:
         await self._repository(self._client.load_model(model, headers=self._admin), model, "load")
 
@@ -221,15 +249,6 @@ class Triton:
             self._refresher.cancel()
         await self._streams.close()
         await self._client.close()
-
-
-def _ran(model: str, failure: APIError) -> APIError:
-    """An inference's failure. Its model was found loaded before the call (models.served), so a model Triton
-    does not know now is one it runs (rag's llm, unloaded or loading) or itself, unloaded since: not ready, where
-    the request was right."""
-    if failure.status == 404:
-        return not_ready(f"model '{model}' cannot run now: {failure.message}")
-    return failure
 
 
 def _failure(exc: InferenceServerException, params: dict[str, str] | None = None) -> APIError:
