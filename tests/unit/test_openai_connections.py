@@ -119,4 +119,5 @@ def read_response_head(sock: socket.socket) -> tuple[int, dict[str, str], bytes]
         data += sock.recv(65536)
     head, rest = data.split(b"\r\n\r\n", 1)
     status_line, *lines = head.decode("latin-1").split("\r\n")
-    return int(status_line.split()[1]), {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines)}, rest
+    headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines)}
+    return int(status_line.split()[1]), headers, rest

@@ -90,8 +90,8 @@ async def serve(host: str, port: int, upstream_address: str, limits: GatewayLimi
     except OSError as exc:
         await gateway.close()
         raise ListenError(f"cannot listen on {host}:{port}: {exc}") from None
-    print(f"[gateway] listening on http://{shown(host)}:{port}, forwarding to tritonserver at http://{upstream_address}",
-          flush=True)
+    print(f"[gateway] listening on http://{shown(host)}:{port}, forwarding to tritonserver at "
+          f"http://{upstream_address}", flush=True)
     await stop.wait()
     listener.close()
     await handlers.shutdown(exit_timeout_s)

@@ -58,7 +58,7 @@ def model_not_found(model: str) -> APIError:
 
 
 def not_ready(detail: str) -> APIError:
-    """A model loading, unloading, or one a model runs missing: a few seconds' wait, which the SDKs' retries
+    """A model loading or unloading (it, or one it runs): a few seconds' wait, which the SDKs' retries
     (Retry-After) give it."""
     return APIError(503, detail, code="unavailable")
 

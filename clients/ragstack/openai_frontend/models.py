@@ -52,8 +52,8 @@ def kind_of(config: dict) -> Served | None:
 
 async def served(triton: Triton, model: str | None, endpoint: str) -> Served:
     """The model, if it is loaded and serves `endpoint`; else 404 (no such model), 503 (loading or unloading)
-    or 400 (another kind). None or "": the one model that serves `endpoint` (an llm before rag, for chat), as vLLM serves its one
-    model."""
+    or 400 (another kind). None or "": the one model that serves `endpoint` (an llm before rag, for chat), as
+    vLLM serves its one model."""
     if not model:
         model = await _only_model(triton, endpoint)
     config = await triton.config(checked_name(model))
@@ -93,7 +93,7 @@ async def _only_model(triton: Triton, endpoint: str) -> str:
     serving = [found for found, _ in await _loaded(triton) if endpoint in ENDPOINTS[found.kind]]
     candidates = [found.name for found in ([f for f in serving if f.kind == "llm"] or serving)]
     if not candidates:
-        if any(m.get("state") in CHANGING for m in await triton.recent_index() or ()):   # perhaps the one it will be
+        if await triton.changing():   # perhaps the one it will be
             raise not_ready(f"model is missing, and no loaded model serves {endpoint} while Triton loads or unloads "
                             "one; retry in a few seconds")
         raise APIError(400, f"model is missing, and no loaded model serves {endpoint}", "model")

@@ -205,13 +205,17 @@ class Triton:
         except APIError:
             return None
 
+    async def changing(self) -> bool:
+        """Whether Triton is loading or unloading a model now (recent_index; False where it refuses the index)."""
+        return any(m.get("state") in CHANGING for m in await self.recent_index() or ())
+
     async def _ran(self, model: str, failure: APIError) -> APIError:
         """An inference's failure. Its model was found loaded before the call (models.served), so a model Triton
         does not know now is one it runs (rag's llm) or itself, unloaded since: 503 while one is loading or
         unloading, else 500 naming what is missing (a deployment's fault, not the request's)."""
         if failure.status != 404:
             return failure
-        if any(m.get("state") in CHANGING for m in await self.recent_index() or ()):
+        if await self.changing():
             return not_ready(f"model '{model}' cannot run now: {failure.message}; retry in a few seconds")
         return APIError(500, f"model '{model}' runs a model that is not loaded: {failure.message}")
 
