@@ -143,7 +143,7 @@ def test_a_killed_engine_ends_llm_and_rag_streams_at_once_and_a_new_engine_serve
     finished_before = metric_value(server.metrics_url, "triton_llm_requests_finished_total")
     engine = engine_pid(server)
     groups = {"llm": (load_gen.llm_tensors("a long one", LONG), 3),
-              "rag": (load_gen.rag_tensors("How does paged attention store the KV cache?", 400), 2)}
+              "rag": (load_gen.rag_tensors("How does paged attention store the KV cache?", LONG), 2)}
     ends, outcomes = asyncio.run(streams_then(server, groups, lambda: os.kill(engine, signal.SIGKILL)))
     for outcome in outcomes:  # llm's and rag's: a FINAL with the error at once, no deadline waited for
         assert outcome.status == load_gen.ERROR and "was killed by SIGKILL" in outcome.error, outcome
