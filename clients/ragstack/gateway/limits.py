@@ -69,8 +69,8 @@ def from_args(args: argparse.Namespace) -> GatewayLimits:
 
 
 def reserve_descriptors(limits: GatewayLimits) -> None:
-    """Raises this process's open-file limit to its hard limit if the connection limits need more,
-    so that the gateway refuses connections before the kernel does (EMFILE)."""
+    """Raises this process's open-file limit to what the connection limits need (refused above the hard
+    limit), so that the gateway refuses connections before the kernel does (EMFILE)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = limits.descriptors_needed()
     if needed <= soft:
