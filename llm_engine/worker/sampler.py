@@ -32,6 +32,7 @@ from llm_engine.outputs import TopLogprobs
 from llm_engine.worker.host_copy import HostCopy, to_device
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads consecutive positions over the seed space
+_MASK64 = 2**64 - 1
 
 
 class SamplerOutput:
@@ -168,9 +169,19 @@ class Sampler:
             p = seq.sampling_params
             if p.seed is not None and p.temperature != 0:
                 gen = torch.Generator(device=logits.device)
-                gen.manual_seed((p.seed + seq.num_output_tokens * _SEED_MIX) % 2**63)
+                gen.manual_seed(generator_seed(p.seed, seq.num_output_tokens))
                 q[i].exponential_(generator=gen)
         return (probs / q).argmax(dim=-1)
+
+
+def generator_seed(seed: int, position: int) -> int:
+    """A request's seed at an output position, as a generator's seed: splitmix64's finalizer over the 64 bits, a
+    bijection whose low 32 bits depend on all of them (the CPU generator reads only those), so every int64 seed
+    draws its own tokens."""
+    x = (seed + position * _SEED_MIX) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def _keep_allowed(logits: torch.Tensor, params: list) -> None:

@@ -117,6 +117,18 @@ def test_seeded_draws_change_with_position_and_seed(sampler):
     assert len(by_position) > 3 and len(by_seed) > 3
 
 
+def test_seeds_that_differ_in_the_sign_bit_draw_apart(sampler):
+    """Every int64 seed is its own (the frontend wraps seed + i within int64)."""
+    row = torch.zeros(1, V)
+
+    def draws(seed: int) -> tuple[int, ...]:
+        return tuple(sampler(row, [seq(output=(1,) * k, seed=seed)]).token_ids[0] for k in range(8))
+
+    for low in (-1, 0, 5):
+        high = low + 2**63 if low < 0 else low - 2**63
+        assert draws(low) != draws(high), (low, high)
+
+
 def test_min_tokens_masks_eos_and_stop_ids(sampler):
     logits = torch.zeros(3, V)
     logits[:, EOS] = 50.0

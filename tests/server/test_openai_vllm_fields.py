@@ -1,7 +1,7 @@
 """What clients written for vLLM's and OpenAI's servers send beyond the basics, through the official
 `openai` package and raw HTTP against the session server's frontend: explicit nulls, vLLM's chat-template
 fields and fixed-value fields, continuous usage, history sent back with the answers' own keys, answers
-as long as the context allows, the context-length error's code, echo with max_tokens 0, the chunks a
+as long as the context allows, the context-length error's code, echo with max_tokens 0 and of a cut prompt, the chunks a
 streamed chat starts with, and vLLM's /ping and /version."""
 from __future__ import annotations
 
@@ -159,6 +159,23 @@ def test_echo_with_max_tokens_0_answers_the_prompt_with_its_scores(client, strea
         reason, usage = answer.choices[0].finish_reason, answer.usage
     assert text == prompt and reason == "length" and usage.completion_tokens == 0
     assert tokens == scored.choices[0].logprobs.tokens[:len(tokens)] and len(tokens) == usage.prompt_tokens
+
+
+@pytest.mark.parametrize("logprobs", [None, 0])
+def test_echo_of_a_prompt_cut_by_truncate_prompt_tokens_is_what_the_llm_read(client, logprobs):
+    prompt = "Hello world this is a long prompt"
+    answer = client.completions.create(model="llm", prompt=prompt, echo=True, logprobs=logprobs, max_tokens=2,
+                                       temperature=0, extra_body={"truncate_prompt_tokens": 3})
+    choice = answer.choices[0]
+    assert answer.usage.prompt_tokens == 3
+    kept = choice.text[:len(choice.text) - len(client.completions.create(
+        model="llm", prompt=prompt, max_tokens=2, temperature=0,
+        extra_body={"truncate_prompt_tokens": 3}).choices[0].text)]
+    assert kept and prompt.endswith(kept) and kept != prompt
+    if logprobs is not None:
+        assert "".join(choice.logprobs.tokens) == choice.text
+        assert choice.logprobs.text_offset == [sum(map(len, choice.logprobs.tokens[:i]))
+                                               for i in range(len(choice.logprobs.tokens))]
 
 
 def test_vllm_s_ping_and_version_answer_without_a_key(triton_server):

@@ -143,6 +143,22 @@ def test_top_logprobs_as_openai_has_them():
     assert only["top_logprobs"] == [{"q": -3.0}]   # logprobs=0: the sampled token alone, as OpenAI
 
 
+def test_completions_top_logprobs_keep_distinct_tokens_that_share_a_piece():
+    """Partial bytes of characters all read U+FFFD: each keeps its entry, the likeliest under the piece, the rest
+    under their bytes, most likely first; the sampled token keeps its piece, as `tokens` has it."""
+    raw = json.dumps([{**own(1, "\ufffd", [0xe4], -1.0, 1), **own(2, "\ufffd", [0xea], -2.0, 2),
+                       **own(3, "\ufffd", [0xeb], -3.0, 3), **own(4, "ab", [0x61, 0x62], -4.0, 4, True)},
+                      {**own(5, "x", [0x78], -0.5, 1), **own(6, "\ufffd", [0xe4], -0.7, 2, True),
+                       **own(7, "\ufffd", [0xea], -0.9, 3)}])
+    tokens = Matcher(3).add(raw, "ab\ufffd")
+    top = completion_logprobs(tokens, 0)["top_logprobs"]
+    assert list(top[0].items()) == [("\ufffd", -1.0), ("bytes:\\xea", -2.0), ("bytes:\\xeb", -3.0), ("ab", -4.0)]
+    assert list(top[1].items()) == [("x", -0.5), ("\ufffd", -0.7), ("bytes:\\xea", -0.9)]
+    special = Matcher(2).add(json.dumps([{**own(8, "", [], -0.1, 1), **own(9, "", [], -0.2, 2),
+                                          **own(10, "z", [0x7a], -3.0, 3, True)}]), "z")
+    assert completion_logprobs(special, 0)["top_logprobs"] == [{"": -0.1, "z": -3.0}]   # nothing tells them apart
+
+
 def test_an_echoed_prompts_tokens_the_first_without_a_logprob():
     """The llm's prompt_logprobs: per token its top N by rank with its own entry last (in the top N or not); the
     first token's own entry alone, logprob and rank null. vLLM's field has None there."""

@@ -48,8 +48,8 @@ async def completions(request: Request, frontend: Frontend) -> Response:
                                    params, top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name,
-                    [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo
-                    else None,
+                    [p if isinstance(p, str) and not cut(sampling) else None for p in prompts for _ in range(body.n)]
+                    if body.echo else None,
                     Usage(True, prompts=len(prompts), n=body.n), *body.usage_chunks(), body.logprobs, vllm_field,
                     body.echo_only())
     if body.stream:
@@ -61,11 +61,17 @@ async def completions(request: Request, frontend: Frontend) -> Response:
 
 def llm_inputs(body: CompletionRequest, prompt: str | list[int], sampling: dict, vllm_field: bool) -> dict:
     """The llm's inputs for one prompt: the prompt's scores asked for where the answer shows them (`vllm_field`,
-    echo with logprobs: as many as `logprobs`, vLLM's rule) or where echoing token ids needs their text."""
-    echo_scored = body.echo and (body.logprobs is not None or not isinstance(prompt, str))
+    echo with logprobs: as many as `logprobs`, vLLM's rule) or where echoing needs the prompt's tokens' text (token
+    ids, or a prompt cut to its last tokens)."""
+    echo_scored = body.echo and (body.logprobs is not None or not isinstance(prompt, str) or cut(sampling))
     if echo_scored and sampling.get("prompt_logprobs") is None:
         sampling = {**sampling, "prompt_logprobs": body.logprobs or 0}
     return generation.llm_inputs(prompt, sampling, body.stream, body.logprobs is not None, vllm_field or echo_scored)
+
+
+def cut(sampling: dict) -> bool:
+    """vLLM's `truncate_prompt_tokens`: the llm reads only the prompt's last tokens, so echo shows those."""
+    return sampling.get("truncate_prompt_tokens") is not None
 
 
 class Answer:

@@ -174,9 +174,22 @@ def vllm_prompt_logprobs(entries: list) -> list:
 
 
 def _with_sampled(t: TokenLogprob) -> dict[str, float] | None:
-    """The N most likely, most likely first, then the sampled token where it is not among them."""
+    """The N most likely, most likely first, then the sampled token where it is not among them. The sampled
+    token's key is its piece, as in `tokens`. Distinct tokens can share a piece (a character's partial bytes all
+    read U+FFFD): the likeliest keeps it, the others are keyed by their bytes (OpenAI's `bytes:\\xe4\\xbd`), and one
+    with no bytes to tell it apart is left out."""
     if t.top is None:
         return None
-    top = {a.token: a.logprob for a in t.top}
+    sampled = next((a for a in t.top if (a.token, a.logprob, a.raw) == (t.token, t.logprob, t.raw)), None)
+    top: dict[str, float] = {}
+    for a in t.top:
+        keys = [t.token] if a is sampled else [a.token, _bytes_key(a.raw)]
+        key = next((k for k in keys if k is not None and k not in top and (a is sampled or k != t.token)), None)
+        if key is not None:
+            top[key] = a.logprob
     top.setdefault(t.token, t.logprob)
     return top
+
+
+def _bytes_key(raw: list[int] | None) -> str | None:
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in raw) if raw else None
