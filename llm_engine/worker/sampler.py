@@ -175,13 +175,9 @@ class Sampler:
 
 
 def generator_seed(seed: int, position: int) -> int:
-    """A request's seed at an output position, as a generator's seed: splitmix64's finalizer over the 64 bits, a
-    bijection whose low 32 bits depend on all of them (the CPU generator reads only those), so every int64 seed
-    draws its own tokens."""
-    x = (seed + position * _SEED_MIX) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+    """A request's seed at an output position, as a generator's seed: every int64 seed its own value (a CUDA
+    generator reads all 64 bits; the CPU's reads the low 32, so on the CPU seeds alike in those draw alike)."""
+    return (seed + position * _SEED_MIX) & _MASK64
 
 
 def _keep_allowed(logits: torch.Tensor, params: list) -> None:
