@@ -150,6 +150,22 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+def check_fp8_support(config: EngineConfig, device: torch.device) -> None:
+    """FP8 e4m3 (weights or KV cache) needs a GPU of compute capability >= 8.9 (Ada, Hopper): Triton has no
+    e4m3 type below it and cuBLAS no FP8 GEMM. Said at start, naming the setting, rather than as a kernel's
+    compile error once the weights have loaded."""
+    asked = [f"{name} {value!r}" for name, value, on in (
+        ("quantization", config.quantization, config.weight_quantization is not None),
+        ("kv_cache_dtype", config.kv_cache_dtype, config.kv_cache_dtype == "fp8_e4m3")) if on]
+    if device.type != "cuda" or not asked:
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise ValueError(f"{' and '.join(asked)} need FP8 e4m3, which needs a GPU of compute capability >= 8.9 "
+                         f"(Ada, Hopper); {device} ({torch.cuda.get_device_name(device)}) is "
+                         f"{capability[0]}.{capability[1]}")
+
+
 def _expect_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

@@ -48,7 +48,9 @@ def translate(args: dict[str, Any], source: str) -> tuple[dict[str, Any], list[s
             continue
         elif key in ("enable_lora", "quantization") and value in (None, False, "false", "False"):
             continue
-        elif key == "quantization" and value in _QUANTIZATIONS:
+        elif key == "quantization":
+            if value not in _QUANTIZATIONS:
+                refused.append(f"quantization {value!r} (supported: {', '.join(_QUANTIZATIONS)} or null)")
             settings["quantization"] = value
         elif key in _IGNORED:
             ignored.append(key)

@@ -141,7 +141,7 @@ def load_weights(model: nn.Module, checkpoint: SafetensorsCheckpoint) -> None:
             _load_fp8_weight(param, shard_id, tensor_slice, name)
         elif name in dequantized:
             scale = _checked_scales(_whole(checkpoint.get_slice(dequantized[name])).float(), dequantized[name])
-            _copy_into(param, shard_id, tensor_slice, name, scale.reshape(-1) if scale.numel() > 1 else scale)
+            _copy_into(param, shard_id, tensor_slice, name, scale.reshape(-1 if scale.numel() > 1 else ()))
         else:
             _copy_into(param, shard_id, tensor_slice, name)
 
@@ -224,9 +224,18 @@ def _dequantized(part: torch.Tensor, scale: torch.Tensor | None, first_row: int,
     if scale is None:
         if part.dtype == FP8:
             raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without its {_scale_name(name)}")
+        _expect_full_precision(part, name)
         return part
     rows = scale if scale.dim() == 0 else scale[first_row:first_row + num_rows, None]
     return part.float() * rows
+
+
+def _expect_full_precision(tensor: torch.Tensor, name: str) -> None:
+    """A weight read as it is, or quantized here: float16, bfloat16 or float32; other 8-bit or integer storage
+    (a quantized checkpoint whose config was lost) would load as noise."""
+    if not tensor.dtype.is_floating_point or tensor.dtype.itemsize < 2:
+        raise ValueError(f"checkpoint tensor {name} is {tensor.dtype}: a weight must be float16, bfloat16 or "
+                         "float32, or float8_e4m3fn with its scale and the checkpoint's quantization_config")
 
 
 def _rows(param: nn.Parameter, shard_id) -> torch.Tensor:
@@ -278,6 +287,7 @@ def _load_fp8_weight(param: nn.Parameter, shard_id, tensor_slice, name: str) -> 
     if not quantize_here:
         target.view(torch.uint8).copy_(src.view(torch.uint8))
         return
+    _expect_full_precision(src, name)
     scales = _rows(scale_param, shard_id)
     for start in range(0, src.shape[0], _QUANTIZE_ROWS):
         values, scale = quantize_fp8_weight_ref(src[start:start + _QUANTIZE_ROWS])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llm_engine.config import EngineConfig
+from llm_engine.config import EngineConfig, check_fp8_support
 from llm_engine.core.scheduled_batch import ScheduledBatch
 from llm_engine.core.sequence import Sequence
 from llm_engine.kernels.fp8_gemm import warm_up_fp8_linear
@@ -59,6 +59,7 @@ class ModelRunner:
         self.device = config.torch_device
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        check_fp8_support(config, self.device)
         torch.manual_seed(config.seed)
         self.block_size = config.block_size
         self.graph_max_blocks = -(-min(config.max_model_len, GRAPH_MAX_CONTEXT) // config.block_size)

@@ -31,7 +31,7 @@ from tiny_checkpoints import tiny_checkpoints  # noqa: F401  (session fixture)
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.config import EngineConfig
+from llm_engine.config import EngineConfig, check_fp8_support
 from llm_engine.core.scheduled_batch import ScheduledBatch
 from llm_engine.core.sequence import Sequence
 from llm_engine.kernels import (
@@ -386,6 +386,34 @@ def test_each_rank_quantizes_its_own_block(tiny_checkpoints, monkeypatch, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_dequantizes_its_block_of_a_per_tensor_scaled_weight(tiny_checkpoints, tmp_path, monkeypatch,
+                                                                        rank):
+    """FP8 tensors with one scale each ([1], as llm-compressor writes them) that a rank keeps in the model's
+    dtype: a quantized LM head, and every projection of a checkpoint without its quantization_config."""
+    folder = write_fp8_checkpoint(tiny_checkpoints["tiny-llama"], tmp_path / "fp8-tensor", strategy="tensor")
+    state = load_file(str(folder / "model.safetensors"))
+    state["lm_head.weight"], state["lm_head.weight_scale"] = quantize_weight(state["lm_head.weight"], "tensor")
+    save_file(state, str(folder / "model.safetensors"))
+    config = quantization_config(folder)
+    config["ignore"] = []
+    edit_config(folder, quantization_config=config)
+    model, _ = load_rank(monkeypatch, folder, rank)
+    def dequantized(name: str) -> torch.Tensor:
+        return dequantize_fp8_weight_ref(state[name + "weight"], state[name + "weight_scale"].expand(
+            state[name + "weight"].shape[0]))
+
+    head = dequantized("lm_head.")
+    assert torch.equal(model.lm_head.weight, head.chunk(2)[rank])
+    config = json.loads((folder / "config.json").read_text())
+    del config["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    model, _ = load_rank(monkeypatch, folder, rank)
+    p = "model.layers.0.self_attn.q_proj."
+    q = dequantized(p)
+    assert torch.equal(model.model.layers[0].self_attn.qkv_proj.weight[:q.shape[0] // 2], q.chunk(2)[rank])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_each_rank_reads_its_block_of_a_compressed_tensors_checkpoint(tiny_checkpoints, monkeypatch, rank):
     folder = tiny_checkpoints["tiny-llama-fp8"]
     model, reads = load_rank(monkeypatch, folder, rank)
@@ -675,8 +703,37 @@ def test_engine_settings_take_quantization(tiny_checkpoints, tmp_path):
     assert load_settings({"parameters": params}, tmp_path)[0].weight_quantization.online
     assert translate({"model": folder, "quantization": "fp8"}, "model.json")[0]["quantization"] == "fp8"
     assert translate({"model": folder, "quantization": None}, "model.json")[0] == {"model": folder}
-    with pytest.raises(ValueError, match="quantization='awq'"):
-        translate({"model": folder, "quantization": "awq"}, "model.json")
+    for wrong in ("awq", "FP8"):
+        with pytest.raises(ValueError, match=rf"quantization '{wrong}' \(supported: fp8, compressed-tensors or null\)"):
+            translate({"model": folder, "quantization": wrong}, "model.json")
+
+
+def test_fp8_on_a_gpu_before_ada_fails_at_start_naming_the_setting(tiny_checkpoints, monkeypatch):
+    """Triton has no e4m3 type below compute capability 8.9: said before any weight loads."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+    folder = str(tiny_checkpoints["tiny-llama"])
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"quantization 'fp8' and kv_cache_dtype 'fp8_e4m3' need FP8 e4m3, .* "
+                                         r"compute capability >= 8.9 .*; cuda:0 \(NVIDIA A100\) is 8.0"):
+        check_fp8_support(EngineConfig(model=folder, device="cpu", quantization="fp8", kv_cache_dtype="fp8_e4m3"), cuda)
+    check_fp8_support(EngineConfig(model=folder, device="cpu"), cuda)   # bf16: any GPU
+    check_fp8_support(EngineConfig(model=folder, device="cpu", quantization="fp8"), torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 9))
+    check_fp8_support(EngineConfig(model=folder, device="cpu", quantization="fp8"), cuda)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.int8])
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_weights_of_other_8_bit_or_integer_types_are_refused(tiny_checkpoints, tmp_path, dtype, quantization):
+    """A quantized checkpoint whose config was lost: not read as values, nor quantized again."""
+    folder = shutil.copytree(tiny_checkpoints["tiny-llama"], tmp_path / "int8")
+    state = load_file(str(folder / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    state[name] = state[name].clamp(-1, 1).to(dtype)
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"checkpoint tensor {name} is {dtype}: a weight must be float16"):
+        load_model(EngineConfig(model=str(folder), device="cpu", quantization=quantization))
 
 
 @pytest.mark.slow  # starts a worker process

@@ -283,7 +283,8 @@ def load_vllm_folder(url: str, name: str, engine_args: dict) -> None:
 @pytest.mark.parametrize("engine_args, message", [
     ({"model": "facebook/opt-125m"}, r"model 'facebook/opt-125m': no folder .* nothing is downloaded"),
     ({"model": str(TINY_LLM), "quantization": "awq", "pipeline_parallel_size": 2},
-     r"cannot honour: quantization='awq'; pipeline_parallel_size=2"),
+     r"cannot honour: quantization 'awq' \(supported: fp8, compressed-tensors or null\); "
+     r"pipeline_parallel_size=2"),
     ({"model": str(TINY_LLM), "kv_cache_dtype": "fp8_e5m2"}, r"kv_cache_dtype 'fp8_e5m2' \(supported: auto, fp8, fp8_e4m3\)"),
 ], ids=["hub-id", "unsupported-arguments", "kv-cache-dtype"])
 def test_a_model_json_that_cannot_be_honoured_fails_the_load_naming_why(triton_server, engine_args, message):
