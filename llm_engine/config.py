@@ -154,14 +154,18 @@ def check_fp8_support(config: EngineConfig, device: torch.device) -> None:
     """FP8 e4m3 (weights or KV cache) needs a GPU of compute capability >= 8.9 (Ada, Hopper): Triton has no
     e4m3 type below it and cuBLAS no FP8 GEMM. Said at start, naming the setting, rather than as a kernel's
     compile error once the weights have loaded."""
-    asked = [f"{name} {value!r}" for name, value, on in (
-        ("quantization", config.quantization, config.weight_quantization is not None),
-        ("kv_cache_dtype", config.kv_cache_dtype, config.kv_cache_dtype == "fp8_e4m3")) if on]
+    weights = config.weight_quantization
+    asked = [] if weights is None else [
+        "quantization 'fp8'" if weights.online
+        else f"the checkpoint's quantization_config ({config.model_config.path / 'config.json'})"]
+    if config.kv_cache_dtype == "fp8_e4m3":
+        asked.append("kv_cache_dtype 'fp8_e4m3'")
     if device.type != "cuda" or not asked:
         return
     capability = torch.cuda.get_device_capability(device)
     if capability < (8, 9):
-        raise ValueError(f"{' and '.join(asked)} need FP8 e4m3, which needs a GPU of compute capability >= 8.9 "
+        verb = "needs" if len(asked) == 1 else "need"
+        raise ValueError(f"{' and '.join(asked)} {verb} FP8 e4m3, which needs a GPU of compute capability >= 8.9 "
                          f"(Ada, Hopper); {device} ({torch.cuda.get_device_name(device)}) is "
                          f"{capability[0]}.{capability[1]}")
 

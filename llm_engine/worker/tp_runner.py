@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 import torch
 
-from llm_engine.config import EngineConfig
+from llm_engine.config import EngineConfig, check_fp8_support
 from llm_engine.core.scheduled_batch import ScheduledBatch
 from llm_engine.errors import WorkerError
 from llm_engine.worker.model_runner import ModelRunner
@@ -32,6 +32,7 @@ def create_model_runner(config: EngineConfig) -> ModelRunner | TensorParallelRun
 
 class TensorParallelRunner:
     def __init__(self, config: EngineConfig) -> None:
+        check_fp8_support(config, config.torch_device)   # plainly, before the workers start (each rank checks too)
         self.workers = WorkerGroup(config)
         self._kill_workers = weakref.finalize(self, self.workers.kill)  # also at interpreter exit
         self._failure: WorkerError | None = None

@@ -719,6 +719,8 @@ def test_fp8_on_a_gpu_before_ada_fails_at_start_naming_the_setting(tiny_checkpoi
         check_fp8_support(EngineConfig(model=folder, device="cpu", quantization="fp8", kv_cache_dtype="fp8_e4m3"), cuda)
     check_fp8_support(EngineConfig(model=folder, device="cpu"), cuda)   # bf16: any GPU
     check_fp8_support(EngineConfig(model=folder, device="cpu", quantization="fp8"), torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"the checkpoint's quantization_config \(.*config.json\) needs FP8 e4m3"):
+        check_fp8_support(EngineConfig(model=str(tiny_checkpoints["tiny-llama-fp8"]), device="cpu"), cuda)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 9))
     check_fp8_support(EngineConfig(model=folder, device="cpu", quantization="fp8"), cuda)
 

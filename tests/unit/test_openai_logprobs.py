@@ -157,6 +157,11 @@ def test_completions_top_logprobs_keep_distinct_tokens_that_share_a_piece():
     special = Matcher(2).add(json.dumps([{**own(8, "", [], -0.1, 1), **own(9, "", [], -0.2, 2),
                                           **own(10, "z", [0x7a], -3.0, 3, True)}]), "z")
     assert completion_logprobs(special, 0)["top_logprobs"] == [{"": -0.1, "z": -3.0}]   # nothing tells them apart
+    prompt = [{"3": {"logprob": None, "rank": None, "decoded_token": "a", "bytes": [0x61]}},
+              {**own(1, "\ufffd", [0xe4], -1.0, 1), **own(2, "\ufffd", [0xea], -2.0, 2),
+               **own(5, "b", [0x62], -3.0, 3)}]
+    echoed = completion_logprobs([], 2, prompt_scores(prompt, 3), "ab")["top_logprobs"]
+    assert echoed == [None, {"\ufffd": -1.0, "bytes:\\xea": -2.0, "b": -3.0}]   # an echoed prompt's the same
 
 
 def test_an_echoed_prompts_tokens_the_first_without_a_logprob():

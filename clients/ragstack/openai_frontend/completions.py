@@ -48,10 +48,10 @@ async def completions(request: Request, frontend: Frontend) -> Response:
                                    params, top_logprobs=body.logprobs)
                 for prompt in prompts for s in generation.seeded(sampling, body.n)]
     answer = Answer(f"cmpl-{body.request_id or uuid.uuid4().hex}", int(time.time()), served.name,
-                    [p if isinstance(p, str) and not cut(sampling) else None for p in prompts for _ in range(body.n)]
-                    if body.echo else None,
+                    [p if isinstance(p, str) else None for p in prompts for _ in range(body.n)] if body.echo
+                    else None,
                     Usage(True, prompts=len(prompts), n=body.n), *body.usage_chunks(), body.logprobs, vllm_field,
-                    body.echo_only())
+                    body.echo_only(), cut_to(sampling))
     if body.stream:
         return await streaming.answer(request, generation.merged(frontend.triton, requests), len(requests), answer,
                                       frontend.limits.write_timeout_s)
@@ -63,15 +63,18 @@ def llm_inputs(body: CompletionRequest, prompt: str | list[int], sampling: dict,
     """The llm's inputs for one prompt: the prompt's scores asked for where the answer shows them (`vllm_field`,
     echo with logprobs: as many as `logprobs`, vLLM's rule) or where echoing needs the prompt's tokens' text (token
     ids, or a prompt cut to its last tokens)."""
-    echo_scored = body.echo and (body.logprobs is not None or not isinstance(prompt, str) or cut(sampling))
+    echo_scored = body.echo and (body.logprobs is not None or not isinstance(prompt, str)
+                                 or cut_to(sampling) is not None)
     if echo_scored and sampling.get("prompt_logprobs") is None:
         sampling = {**sampling, "prompt_logprobs": body.logprobs or 0}
     return generation.llm_inputs(prompt, sampling, body.stream, body.logprobs is not None, vllm_field or echo_scored)
 
 
-def cut(sampling: dict) -> bool:
-    """vLLM's `truncate_prompt_tokens`: the llm reads only the prompt's last tokens, so echo shows those."""
-    return sampling.get("truncate_prompt_tokens") is not None
+def cut_to(sampling: dict) -> int | None:
+    """vLLM's `truncate_prompt_tokens` k where it may cut: the llm reads only a prompt's last k tokens, and echo
+    shows those (-1, max_model_len of them, cuts no prompt the llm takes)."""
+    keep = sampling.get("truncate_prompt_tokens")
+    return keep if isinstance(keep, int) and keep >= 1 else None
 
 
 class Answer:
@@ -79,15 +82,16 @@ class Answer:
 
     def __init__(self, completion_id: str, created: int, model: str, echoed: list[str | None] | None,
                  usage: Usage, usage_chunk: bool, usage_always: bool = False, top_logprobs: int | None = None,
-                 prompt_logprobs: bool = False, echo_only: bool = False):
+                 prompt_logprobs: bool = False, echo_only: bool = False, cut_to: int | None = None):
         """`echoed`: per choice, the text prompt to put first (None: token ids, decoded by the llm); `usage_chunk`:
         a last chunk with the usage, `usage_always`: the usage so far on every chunk too; `top_logprobs`: the
         request's `logprobs`; `prompt_logprobs`: each choice carries vLLM's field; `echo_only`: the generated
-        token is left out (echo with max_tokens 0)."""
+        token is left out (echo with max_tokens 0); `cut_to`: truncate_prompt_tokens, where it may cut."""
         self.head = {"id": completion_id, "object": "text_completion", "created": created, "model": model,
                      "system_fingerprint": None}
         self.echoed, self.usage, self.usage_chunk, self.usage_always = echoed, usage, usage_chunk, usage_always
         self.top_logprobs, self.prompt_logprobs, self.echo_only = top_logprobs, prompt_logprobs, echo_only
+        self.cut_to = cut_to
         self._token_at: dict[int, int] = {}   # per choice started: where its next token starts in its text
 
     def whole(self, choices: list[Piece]) -> dict:
@@ -143,8 +147,10 @@ class Answer:
                                     "does not return them (the llm's prompt_logprobs output)", "echo")
             return echo, []
         tokens = prompt_scores(first.prompt_logprobs, self.top_logprobs or 0)
-        return ("".join(t.token for t in tokens) if echo is None else echo), (
-            tokens if self.top_logprobs is not None else [])
+        read = "".join(t.token for t in tokens)
+        if echo is None or (len(tokens) == self.cut_to and not read.endswith(echo)):   # ids, or a prompt cut
+            echo = read
+        return echo, tokens if self.top_logprobs is not None else []
 
     def end(self) -> list[dict]:
         return [self._chunk([], self.usage.as_dict(), last=True)] if self.usage_chunk else []

@@ -160,9 +160,9 @@ def prompt_scores(entries: list, top_n: int) -> list[TokenLogprob]:
         values = list(entry.values())
         own = values[-1]
         top = sorted((v for v in values if v["rank"] is not None and v["rank"] <= top_n), key=lambda v: v["rank"])
-        tokens.append(TokenLogprob(own["decoded_token"], own["logprob"],
-                                   None if own["rank"] is None else [Alternative(v["decoded_token"], v["logprob"])
-                                                                     for v in top]))
+        alternatives = [Alternative(v["decoded_token"], v["logprob"], v.get("bytes")) for v in top]
+        tokens.append(TokenLogprob(own["decoded_token"], own["logprob"], None if own["rank"] is None else alternatives,
+                                   own.get("bytes")))
     return tokens
 
 
