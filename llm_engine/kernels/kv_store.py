@@ -130,7 +130,9 @@ def _round_to_e4m3(y):
     inverse_step = ((257 - exponent) << 23).to(tl.float32, bitcast=True)
     # |y / step| < 16: adding and removing 1.5 * 2^23 rounds it to an integer, ties to even.
     steps = (y * inverse_step + 12582912.0) - 12582912.0
-    return steps * step
+    # y's sign put back: that sum makes a negative y that rounds to 0 a +0, where the cast gives -0 (0x80)
+    sign = y.to(tl.int32, bitcast=True) & -2147483648
+    return ((steps * step).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit

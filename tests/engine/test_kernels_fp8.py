@@ -189,6 +189,25 @@ def test_per_token_quantization_with_a_static_scale(gen, device):
     assert values.float().abs().max() == 448.0
 
 
+@pytest.mark.parametrize("static", [None, 1.0, 0.5])
+def test_every_e4m3_tie_and_signed_zero_rounds_as_the_cast(device, static):
+    """Each midpoint between e4m3 neighbours (subnormal ones too), a float32 step either side of it, negatives,
+    values that round to -0 (byte 0x80, as the cast gives), and past 448 under a static scale: the kernel's
+    bytes are quantize_fp8_per_token_ref's."""
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(FP8).float()   # 0 .. 448
+    mids = (codes[:-1] + codes[1:]) / 2
+    near = [torch.nextafter(mids, torch.full_like(mids, 1e9)), torch.nextafter(mids, torch.zeros_like(mids))]
+    zeros = torch.tensor([-0.0, 0.0, -2.0 ** -12, -2.0 ** -10, 2.0 ** -10, 449.0, 464.0, -1e6])
+    rows = [torch.cat([torch.tensor([448.0]), part]) for part in (mids, -mids, *near, codes[1:], zeros)]
+    x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
+    scale = None if static is None else torch.tensor(static, device=device)
+    x = x if scale is None else x * static
+    values, scales = quantize_fp8_per_token(x, scale)
+    expected_values, expected_scales = quantize_fp8_per_token_ref(x, scale)
+    assert same_bytes(values, expected_values) and torch.equal(scales, expected_scales)
+    assert (values[-1, 1].view(torch.uint8) == 0x80).all()   # -0.0 stays -0
+
+
 def test_round_trips_are_exact_where_e4m3_is(gen, device):
     """Rows of e4m3 values times a power of two (amax 448): weight and per-token quantizers give the
     values and the scale back exactly, and dequantization the input."""

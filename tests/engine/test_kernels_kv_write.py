@@ -109,7 +109,7 @@ def test_rotary_and_write_kv_matches_ref(gen, device, cache_dtype, dtype, num_q_
     k_rtol, k_same = (1e-5, 0.999) if dtype == torch.float32 else (2**-7, 0.95)
     for cache, scale, ref_cache, ref_scale, rtol, same in (
             (kv.k_cache, kv.k_scale, expected[0], expected[2], k_rtol, k_same),
-            (kv.v_cache, kv.v_scale, expected[1], expected[3], 1e-6, 0.999)):
+            (kv.v_cache, kv.v_scale, expected[1], expected[3], 0, 1.0)):   # V, unrotated: the cast's bytes
         torch.testing.assert_close(scale, ref_scale, atol=0, rtol=rtol)
         # The kernel rounds to the e4m3 grid itself, so bytes normally match torch's cast
         # exactly; an inexact division could still put a value on the neighbouring step, hence
@@ -119,7 +119,7 @@ def test_rotary_and_write_kv_matches_ref(gen, device, cache_dtype, dtype, num_q_
         error = (dequantize_fp8_cache_ref(cache, scale) - ref).abs()
         assert (error <= ref.abs() / 8 + ref_scale.transpose(1, 2)[..., None] * 2**-9).all()
         same_bytes = (cache.view(torch.uint8) == ref_cache.view(torch.uint8)).float().mean()
-        assert same_bytes > same
+        assert same_bytes >= same
 
 
 def test_rotary_and_write_kv_contract_violations(device):
