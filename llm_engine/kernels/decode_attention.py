@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_engine.kernels._paged_kv import attend_kv_tile, dot_operand
+from llm_engine.kernels._paged_kv import attend_kv_tile, attention_out, dot_operand
 from llm_engine.kernels._validate import (
     expect_launchable,
     expect_paged_attention_args,
@@ -121,7 +121,7 @@ def _decode_split_kernel(
                 v_scale_ptr, block_table_row_ptr, kv_head, num_kv_heads, stride_cache_token, stride_cache_head,
                 PAGE_SIZE, BLOCK_N, True, False, IS_FP8, DOT_PRECISION)
 
-        acc = acc / l_i[:, None]
+        acc = attention_out(acc, l_i, IS_FP8)
         if num_active == 1:
             out_offsets = seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
             tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=head_mask)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from llm_engine.kernels._attention_ref import attend_paged_ref
-from llm_engine.kernels._paged_kv import attend_kv_tile, dot_operand
+from llm_engine.kernels._paged_kv import attend_kv_tile, attention_out, dot_operand
 from llm_engine.kernels._validate import (
     expect_dtype,
     expect_launchable,
@@ -136,7 +136,7 @@ def _prefill_kernel(
                 v_scale_ptr, block_table_row_ptr, kv_head, num_kv_heads, stride_cache_token, stride_cache_head,
                 PAGE_SIZE, BLOCK_N, False, True, IS_FP8, DOT_PRECISION)
 
-        out = acc / l_i[:, None]
+        out = attention_out(acc, l_i, IS_FP8)
         out_offsets = (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 

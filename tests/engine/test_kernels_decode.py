@@ -58,6 +58,25 @@ def test_decode_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, he
                  torch.bfloat16)
 
 
+def test_decode_fp8_cache_keeps_its_precision_for_small_and_large_values(gen, device):
+    """On a GPU the FP8 cache's dots run in fp16, where p * v_scale of a small V would fall below fp16's normal
+    range (the kernel lifts it): V a hundred times smaller or larger, the same e4m3 values, is as exact."""
+    context_lens = [700, 1500]
+    kv = make_paged_kv(gen, device, context_lens, 2, 64, FP8)
+    q = randn(gen, len(context_lens), 8, 64, dtype=torch.bfloat16, device=device)
+    v_scale = kv.v_scale.clone()
+
+    def error(v_magnitude: float) -> float:
+        kv.v_scale.copy_(v_scale * v_magnitude)
+        args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 64**-0.5, kv.k_scale, kv.v_scale)
+        out, ref = paged_decode_attention(*args).float(), paged_decode_attention_ref(*args).float()
+        return ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+
+    base = error(1.0)
+    for v_magnitude in (1e-2, 1e2):
+        assert error(v_magnitude) <= 1.5 * base, (v_magnitude, error(v_magnitude), base)
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
 def test_rotary_write_then_decode_chain(gen, device, cache_dtype):
     """A decode step's chain launched back to back, as a layer runs it: a kernel producing q, k, v, the
