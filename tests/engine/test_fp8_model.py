@@ -657,6 +657,27 @@ def test_triton_kernels_in_the_interpreter_compute_the_w8a8_function(monkeypatch
     torch.testing.assert_close(logits, hf_fake_quantized["tiny-qwen2"](ids), atol=ATOL, rtol=0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels run compiled in the tests above")
+@pytest.mark.slow  # a prefill and 3 decode steps in the interpreter, twice: ~15 s
+def test_triton_kernels_in_the_interpreter_decode_as_the_references_with_fp8_weights_and_kv(
+        monkeypatch, tiny_checkpoints, hf_fake_quantized, small_batch_fusion):
+    """Every op through its Triton kernel against every op through its torch reference: the FP8 KV write and
+    attention, the small-batch FP8 projections (fused or not) and the quantizers, in a prefill then decode steps."""
+    def logits(mode: str) -> torch.Tensor:
+        monkeypatch.setenv("LLM_ENGINE_KERNELS", mode)
+        importlib.reload(ops)
+        runner = make_runner(tiny_checkpoints["tiny-llama"], quantization="fp8", kv_cache_dtype="fp8_e4m3")
+        return decode_steps(runner, hf_fake_quantized["tiny-llama"], True, steps=3)[0]
+
+    try:
+        kernels, references = logits("triton"), logits("ref")
+    finally:
+        monkeypatch.delenv("LLM_ENGINE_KERNELS")
+        importlib.reload(ops)
+    torch.testing.assert_close(kernels, references, atol=ATOL, rtol=0)
+    assert torch.equal(kernels.argmax(-1), references.argmax(-1))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fp8_model_stays_near_the_unquantized_one(arch, tiny_checkpoints, capsys):
     """The stated bounds (module docstring); the agreement is printed (pytest -s shows it)."""
