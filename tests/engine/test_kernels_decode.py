@@ -49,10 +49,11 @@ def test_decode_other_block_sizes(gen, device, block_size, num_splits):
 @pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (8, 2)])
 @pytest.mark.parametrize("head_dim", [64, *in_full_run(128)])
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_decode_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, head_dim, num_splits):
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16, torch.float32])   # a model's dtype
+def test_decode_fp8_cache_matches_ref(gen, device, num_q_heads, num_kv_heads, head_dim, num_splits, q_dtype):
     context_lens = DECODE_CONTEXTS[0] if num_splits == 1 else DECODE_CONTEXTS[2]
     kv = make_paged_kv(gen, device, context_lens, num_kv_heads, head_dim, FP8)
-    q = randn(gen, len(context_lens), num_q_heads, head_dim, dtype=torch.bfloat16, device=device)
+    q = randn(gen, len(context_lens), num_q_heads, head_dim, dtype=q_dtype, device=device)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, head_dim**-0.5, kv.k_scale, kv.v_scale)
     assert_close(paged_decode_attention(*args, num_splits=num_splits), paged_decode_attention_ref(*args),
                  torch.bfloat16)

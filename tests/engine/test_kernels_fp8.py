@@ -32,6 +32,7 @@ from llm_engine.kernels import (
 )
 from llm_engine.kernels.fp8_gemm import accumulation_model, scaled_mm_fits
 from llm_engine.kernels.kv_store import FP8_E4M3_INV_MAX
+from llm_engine.model.fp8_checkpoint import quantize_weight
 from llm_engine.kernels.launch_config import launch_params_for_rows, override_launch_params
 
 FP8 = torch.float8_e4m3fn
@@ -222,6 +223,13 @@ def test_round_trips_are_exact_where_e4m3_is(gen, device):
         assert torch.equal(scale, scales) and torch.equal(values.float(), grid), quantize.__name__
 
 
+def test_a_per_tensor_scale_round_trips_exactly_where_e4m3_is(gen, device):
+    """The checkpoint writer's per-tensor strategy: e4m3 values times one power of two (amax 448) come back."""
+    grid = e4m3_grid(gen, 6, 80, device)
+    values, scale = quantize_weight(grid * 2.0 ** -5, "tensor")
+    assert torch.equal(scale, torch.tensor([2.0 ** -5], device=device)) and torch.equal(values.float(), grid)
+
+
 def test_quantization_error_is_within_half_an_e4m3_step(gen, device):
     w = randn(gen, 32, 200, device=device) * torch.logspace(-3, 2, 32, device=device)[:, None]
     values, scale = quantize_fp8_weight_ref(w)
@@ -234,7 +242,8 @@ def test_quantization_error_is_within_half_an_e4m3_step(gen, device):
 # --- the GEMM and fp8_linear -------------------------------------------------------------------
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m, n, k", [(1, 16, 32), (5, 40, 96), *in_full_run((33, 100, 200))])  # ragged M, N, K tiles
+@pytest.mark.parametrize("m, n, k", [(1, 16, 32), (5, 40, 96), (3, 1, 7), (17, 13, 33),   # ragged M, N, K tiles,
+                                     *in_full_run((33, 100, 200))])                         # odd K, one column
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_matches_ref(gen, device, out_dtype, m, n, k, with_bias):
     a, a_scale = quantize_fp8_per_token_ref(randn(gen, m, k, device=device))
