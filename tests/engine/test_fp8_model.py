@@ -456,9 +456,11 @@ class FakeQuantizedHF:
     their dequantized e4m3 values and, while `quantize_inputs` is on, inputs quantized per token and
     dequantized (W8A8; off: W8A16, as skinny_linear computes)."""
 
-    def __init__(self, folder) -> None:
+    def __init__(self, folder, input_scale: float | None = None) -> None:
+        """`input_scale`: a static activation scale for every projection (None: per token, dynamic)."""
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         self.quantize_inputs = True
+        self.input_scale = None if input_scale is None else torch.tensor(input_scale)
         with torch.no_grad():
             for name, module in self.model.named_modules():
                 if isinstance(module, torch.nn.Linear) and name.rpartition(".")[2] in PROJECTIONS:
@@ -469,7 +471,8 @@ class FakeQuantizedHF:
         if not self.quantize_inputs:
             return None
         x = args[0]
-        return (_dequantized(quantize_fp8_per_token_ref(x.reshape(-1, x.shape[-1]))).reshape(x.shape),)
+        rows = x.reshape(-1, x.shape[-1])
+        return (_dequantized(quantize_fp8_per_token_ref(rows, self.input_scale)).reshape(x.shape),)
 
     @torch.no_grad()
     def __call__(self, ids: list[int]) -> torch.Tensor:
@@ -507,6 +510,17 @@ def assert_w8a8_logits(got: torch.Tensor, expected: torch.Tensor, device: str) -
 @pytest.fixture(scope="module")
 def hf_fake_quantized(tiny_checkpoints):
     return {arch: FakeQuantizedHF(tiny_checkpoints[arch]) for arch in ARCHS}
+
+
+def test_a_static_input_scale_checkpoint_computes_its_w8a8_function(tiny_checkpoints, tmp_path):
+    """llm-compressor's static FP8 scheme (an input_scale per projection), written by our writer: every
+    position's logits against HF with the same weights and every input quantized with that scale."""
+    folder = write_fp8_checkpoint(tiny_checkpoints["tiny-llama"], tmp_path / "fp8-static", input_scale=0.02)
+    runner = make_runner(folder)
+    hf = FakeQuantizedHF(tiny_checkpoints["tiny-llama"], input_scale=0.02)
+    for text in PROMPTS:
+        ids = runner.tokenizer.encode(text)
+        assert_w8a8_logits(every_position_logits(runner, ids), hf(ids), "cpu")
 
 
 @pytest.fixture(params=["unfused", "fused, one row on CUDA cores"])
