@@ -183,8 +183,8 @@ def _with_sampled(t: TokenLogprob) -> dict[str, float] | None:
     sampled = next((a for a in t.top if (a.token, a.logprob, a.raw) == (t.token, t.logprob, t.raw)), None)
     top: dict[str, float] = {}
     for a in t.top:
-        keys = [t.token] if a is sampled else [a.token, _bytes_key(a.raw)]
-        key = next((k for k in keys if k is not None and k not in top and (a is sampled or k != t.token)), None)
+        key = t.token if a is sampled else next(
+            (k for k in (a.token, _bytes_key(a.raw)) if k is not None and k not in top and k != t.token), None)
         if key is not None:
             top[key] = a.logprob
     top.setdefault(t.token, t.logprob)
